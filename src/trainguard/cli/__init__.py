@@ -1,0 +1,121 @@
+"""The ``trainguard`` command line: one module per verb in this package, dispatched from `main`.
+
+A verb module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``. It
+imports heavy dependencies (torch, numpy) inside ``run`` so ``trainguard --help`` stays fast.
+Only this module configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from trainguard import __version__
+from trainguard.errors import (
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_STORAGE,
+    EXIT_USAGE,
+    TrainguardError,
+)
+
+# Order shown in --help. A verb whose module is absent is simply not offered.
+VERBS = (
+    "run",
+    "demo",
+    "report",
+    "index",
+    "diagnose",
+    "classify",
+    "health",
+    "hosts",
+    "stragglers",
+    "simulate",
+    "plan",
+    "serve",
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _verb_modules() -> dict[str, ModuleType]:
+    modules: dict[str, ModuleType] = {}
+    for verb in VERBS:
+        try:
+            modules[verb] = importlib.import_module(f"trainguard.cli.{verb}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trainguard.cli.{verb}":
+                raise
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainguard", description="Keep large training jobs training.")
+    parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    for verb, module in _verb_modules().items():
+        p = sub.add_parser(verb, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _storage_errno(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="trainguard: %(levelname)s: %(message)s", stream=sys.stderr)
+    if not args.verb:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args._run(args))
+    except TrainguardError as exc:
+        print(f"trainguard {args.verb}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"trainguard {args.verb}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into `head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        if args.debug:
+            raise
+        code = EXIT_STORAGE if _storage_errno(exc) else EXIT_INPUT
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"trainguard {args.verb}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return code
+    except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
+        if args.debug:
+            raise
+        log.debug("internal error", exc_info=True)
+        print(
+            f"trainguard {args.verb}: internal error: {exc.__class__.__name__}: {exc} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The exception tree of trainguard and the exit codes the command line maps it to.
+
+Every error a user can cause (a bad argument, a bad file, a full disk) is a `TrainguardError` with a
+one-line message; the CLI prints that line and exits with the error's `exit_code`.
+"""
+
+from __future__ import annotations
+
+# Exit codes shared by every verb (documented in docs/cli.md).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the verb ran and found a problem (failed check, failed job, unhealthy node)
+EXIT_USAGE = 2  # bad command-line arguments
+EXIT_INPUT = 3  # missing, unreadable, corrupt or too-new input files
+EXIT_STORAGE = 4  # cannot write results: full disk, permission denied, read-only file system
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_INTERNAL = 70  # a bug in trainguard (the message says how to get the traceback)
+
+
+class TrainguardError(Exception):
+    """Base of all errors trainguard raises on purpose."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class UsageError(TrainguardError):
+    """An argument or configuration value is invalid (absurd size, unknown option value)."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(TrainguardError):
+    """An input file or directory is missing, unreadable or malformed."""
+
+    exit_code = EXIT_INPUT
+
+
+class EventFormatError(InputError):
+    """A line of an event file is not a valid event record."""
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {reason}")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class SchemaVersionError(InputError):
+    """An event file was written by a newer trainguard whose schema this one cannot read."""
+
+    def __init__(self, path: str, line: int, found: int, supported: int) -> None:
+        super().__init__(
+            f"{path}:{line}: event schema version {found} is newer than this trainguard "
+            f"supports ({supported}); upgrade trainguard to read it"
+        )
+        self.path = path
+        self.line = line
+        self.found = found
+        self.supported = supported
+
+
+class StorageError(TrainguardError):
+    """Results could not be written (disk full, permission denied)."""
+
+    exit_code = EXIT_STORAGE
