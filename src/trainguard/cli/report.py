@@ -1,0 +1,27 @@
+"""``trainguard report RUN``: effective training time and every badput bucket of a run."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainguard.errors import EXIT_OK
+
+HELP = "effective training time (ETTR) and every kind of lost time of a run"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (docs/goodput.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.output import print_json
+    from trainguard.goodput import compute_goodput
+    from trainguard.report.terminal import render_report
+
+    report = compute_goodput(args.run_dir)
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(render_report(report))
+    return EXIT_OK

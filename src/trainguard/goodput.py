@@ -1,0 +1,355 @@
+"""Goodput accounting: effective training time (ETTR) and where every other second went.
+
+The wall time of a run (RunStarted to RunEnded) is cut into labeled intervals built from the events;
+where intervals overlap the label with the highest priority wins, and uncovered time is ``other``.
+So productive time and the badput buckets add up to the wall time by construction. See
+docs/goodput.md for the rules and the mapping to Google's ml-goodput-measurement buckets.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.clocks import estimate_offsets, reference_host
+from trainguard.events import (
+    AttemptEnded,
+    AttemptStarted,
+    CheckpointLoaded,
+    CheckpointSaveFinished,
+    CheckpointSaveStarted,
+    Diagnosis,
+    Event,
+    FailureDetected,
+    PlannedInterruption,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+    StepSpan,
+)
+from trainguard.rundir import LoadedEvent, RunDir
+
+log = logging.getLogger(__name__)
+
+PRODUCTIVE = "productive"
+# Badput buckets, in priority order: where intervals overlap, the earlier label wins.
+BUCKETS = ("checkpoint_save", "checkpoint_restore", "lost_progress", "detection", "startup", "restart", "other")
+_PRIORITY = ("checkpoint_save", "checkpoint_restore", PRODUCTIVE, "lost_progress", "detection", "startup", "restart")
+_RANK = {label: i for i, label in enumerate(_PRIORITY)}
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """One failure or planned interruption and what it cost."""
+
+    time_seconds: float
+    """When it was detected, seconds since the run started."""
+    attempt: int
+    kind: str
+    planned: bool
+    step: int | None
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    detection_latency_seconds: float
+    category: str
+    group: str
+    culprit_ranks: tuple[int, ...]
+    culprit_hosts: tuple[str, ...]
+    verdict: str
+    time_lost_seconds: float
+    """Lost progress + detection + restart gap of this attempt, plus start-up and restore of the next."""
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    """Everything `trainguard report` shows about one run."""
+
+    run_id: str
+    status: str
+    synthetic: bool
+    wall_seconds: float
+    productive_seconds: float
+    badput_seconds: dict[str, float]
+    attempts: int
+    completed_steps: int
+    target_steps: int | None
+    interruptions: list[Interruption]
+    steps_per_second: list[tuple[float, float]]
+    """(seconds since start, steps completed per second in the bin starting there)."""
+    root_causes: list[dict[str, Any]]
+    clock_offsets_seconds: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ettr(self) -> float:
+        return self.productive_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "synthetic": self.synthetic,
+            "ettr": self.ettr,
+            "wall_seconds": self.wall_seconds,
+            "productive_seconds": self.productive_seconds,
+            "badput_seconds": dict(self.badput_seconds),
+            "attempts": self.attempts,
+            "completed_steps": self.completed_steps,
+            "target_steps": self.target_steps,
+            "interruptions": [
+                {**i.__dict__, "ranks": list(i.ranks), "hosts": list(i.hosts),
+                 "culprit_ranks": list(i.culprit_ranks), "culprit_hosts": list(i.culprit_hosts)}
+                for i in self.interruptions
+            ],
+            "steps_per_second": [{"t_seconds": t, "steps_per_second": r} for t, r in self.steps_per_second],
+            "root_causes": self.root_causes,
+            "clock_offsets_seconds": self.clock_offsets_seconds,
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class _Block:
+    """Consecutive steps of one attempt, merged across ranks."""
+
+    attempt: int
+    first: int
+    last: int
+    start: float
+    end: float
+
+
+def _blocks(records: list[Event], shift: dict[str, float]) -> list[_Block]:
+    merged: dict[tuple[int, int, int], _Block] = {}
+    for e in records:
+        if isinstance(e, StepCompleted):
+            key, dur = (e.attempt, e.step, e.step), e.duration_seconds
+        elif isinstance(e, StepSpan):
+            key, dur = (e.attempt, e.first_step, e.last_step), e.duration_seconds
+        else:
+            continue
+        end = e.time - shift[e.host]
+        b = merged.get(key)
+        if b is None:
+            merged[key] = _Block(key[0], key[1], key[2], end - dur, end)
+        else:
+            b.start, b.end = min(b.start, end - dur), max(b.end, end)
+    return sorted(merged.values(), key=lambda b: (b.start, b.attempt, b.first))
+
+
+def _sweep(intervals: list[tuple[float, float, str, int]], lo: float, hi: float) -> dict[tuple[str, int], float]:
+    """Seconds per (label, owner attempt) after resolving overlaps by priority; gaps are ``other``."""
+    points: list[tuple[float, int, str, int]] = []
+    for start, end, label, owner in intervals:
+        start, end = max(start, lo), min(end, hi)
+        if end > start:
+            points.append((start, 1, label, owner))
+            points.append((end, -1, label, owner))
+    points.sort(key=lambda p: p[0])
+    active: dict[tuple[str, int], int] = defaultdict(int)
+    heap: list[tuple[int, int, str]] = []  # (priority, owner, label), lazily cleaned
+    out: dict[tuple[str, int], float] = defaultdict(float)
+    t = lo
+    for when, delta, label, owner in [*points, (hi, 0, "", -1)]:
+        if when > t:
+            while heap and active[(heap[0][2], heap[0][1])] == 0:
+                heapq.heappop(heap)
+            top = (heap[0][2], heap[0][1]) if heap else ("other", -1)
+            out[top] += when - t
+            t = when
+        if delta:
+            active[(label, owner)] += delta
+            if delta > 0:
+                heapq.heappush(heap, (_RANK[label], owner, label))
+    return out
+
+
+def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) -> GoodputReport:
+    """Account for the wall time of a run from its events."""
+    if isinstance(run, list):
+        loaded, run_id = run, ""
+    else:
+        rd = run if isinstance(run, RunDir) else RunDir(Path(run))
+        loaded, run_id = rd.load(), rd.run_id
+    records = [item.record for item in loaded]
+    warnings: list[str] = []
+    ref = reference_host(records)
+    offsets = estimate_offsets(records, ref)
+    for host, off in offsets.items():
+        if abs(off) > 1.0:
+            warnings.append(f"clock of host {host!r} is {off:+.3f} s off the reference host {ref!r}; corrected")
+
+    def t(e: Event) -> float:
+        return e.time - offsets[e.host]
+
+    run_started = next((e for e in records if isinstance(e, RunStarted)), None)
+    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
+    blocks = _blocks(records, offsets)
+    all_times = [t(e) for e in records] + [b.start for b in blocks]
+    lo = t(run_started) if run_started else min(all_times)
+    hi = t(run_ended) if run_ended else max(t(e) for e in records)
+    if run_ended is None:
+        warnings.append("the run has no run_ended record: accounted up to its last event")
+    if run_id == "" and run_started:
+        run_id = run_started.run_id
+
+    attempt_start: dict[int, float] = {}
+    attempt_end: dict[int, float] = {}
+    attempt_reason: dict[int, str] = {}
+    failures: dict[int, list[FailureDetected]] = defaultdict(list)
+    planned: dict[int, PlannedInterruption] = {}
+    diagnoses: dict[int, Diagnosis] = {}
+    save_starts: dict[tuple[int, int, int], float] = {}
+    for e in records:
+        if isinstance(e, AttemptStarted):
+            attempt_start[e.attempt] = t(e)
+        elif isinstance(e, AttemptEnded):
+            attempt_end[e.attempt], attempt_reason[e.attempt] = t(e), e.reason
+        elif isinstance(e, FailureDetected):
+            failures[e.attempt].append(e)
+        elif isinstance(e, PlannedInterruption):
+            planned[e.attempt] = e
+        elif isinstance(e, Diagnosis):
+            if e.attempt not in diagnoses or e.confidence > diagnoses[e.attempt].confidence:
+                diagnoses[e.attempt] = e
+        elif isinstance(e, CheckpointSaveStarted):
+            save_starts[(e.attempt, e.rank, e.step)] = t(e)
+    attempts = sorted(set(attempt_start) | {b.attempt for b in blocks} | set(failures) | set(attempt_end))
+    if not attempts:
+        attempts = [0]
+    for a in attempts:  # runs without a supervisor have no attempt records
+        attempt_start.setdefault(a, min([b.start for b in blocks if b.attempt == a], default=lo) if a else lo)
+
+    # The first step each later attempt ran: earlier executions of that step onward were redone.
+    first_step = {a: min((b.first for b in blocks if b.attempt == a), default=None) for a in attempts}
+    redo_from: dict[int, float] = {}
+    for a in attempts:
+        later = [s for b, s in first_step.items() if b > a and s is not None]
+        redo_from[a] = min(later) if later else float("inf")
+
+    def onset(a: int) -> float | None:
+        if failures[a]:
+            return min(t(f) - f.detection_latency_seconds for f in failures[a])
+        if a in planned:
+            return t(planned[a])
+        return attempt_end.get(a) if attempt_reason.get(a) == "failure" else None
+
+    # Start-up and restore of an attempt are the cost of the interruption that ended the one before.
+    previous = {a: (attempts[i - 1] if i else -1) for i, a in enumerate(attempts)}
+    iv: list[tuple[float, float, str, int]] = []
+    completed = 0
+    for b in blocks:
+        n = b.last - b.first + 1
+        kept = max(0, min(n, int(min(redo_from[b.attempt], b.last + 1) - b.first)))
+        cut = b.start + (b.end - b.start) * kept / n
+        if kept:
+            iv.append((b.start, cut, PRODUCTIVE, b.attempt))
+            completed = max(completed, b.first + kept - 1)
+        if kept < n:
+            iv.append((cut, b.end, "lost_progress", b.attempt))
+    for a in attempts:
+        lost = [b.start + (b.end - b.start) * max(0, redo_from[a] - b.first) / (b.last - b.first + 1)
+                for b in blocks if b.attempt == a and b.last >= redo_from[a]]
+        o = onset(a)
+        if lost and o is not None:
+            iv.append((min(lost), o, "lost_progress", a))
+        for f in failures[a]:
+            iv.append((t(f) - f.detection_latency_seconds, t(f), "detection", a))
+        first_start = min((b.start for b in blocks if b.attempt == a), default=None)
+        startup_end = first_start if first_start is not None else (o if o is not None else attempt_end.get(a, hi))
+        begin = lo if a == attempts[0] else attempt_start[a]
+        iv.append((begin, startup_end, "startup", previous[a]))
+        nxt = [b for b in attempts if b > a]
+        if nxt:
+            detected = [t(f) for f in failures[a]]
+            gap_from = min(detected) if detected else attempt_end.get(a, o if o is not None else attempt_start[nxt[0]])
+            iv.append((gap_from, attempt_start[nxt[0]], "restart", a))
+    for e in records:
+        if isinstance(e, CheckpointSaveFinished):
+            start = save_starts.get((e.attempt, e.rank, e.step), t(e) - e.total_seconds)
+            iv.append((start, start + e.blocking_seconds, "checkpoint_save", e.attempt))
+        elif isinstance(e, CheckpointLoaded):
+            iv.append((t(e) - e.seconds, t(e), "checkpoint_restore", previous.get(e.attempt, -1)))
+
+    spent = _sweep(iv, lo, hi)
+    by_label: dict[str, float] = defaultdict(float)
+    by_owner: dict[int, float] = defaultdict(float)
+    for (label, owner), secs in spent.items():
+        by_label[label] += secs
+        if label not in (PRODUCTIVE, "other", "checkpoint_save"):
+            by_owner[owner] += secs
+
+    interruptions: list[Interruption] = []
+    for a in attempts:
+        events_a: list[FailureDetected | PlannedInterruption] = list(failures[a])
+        if not events_a and a in planned:
+            events_a = [planned[a]]
+        for f in events_a[:1]:  # one interruption per attempt: the first failure seen ends it
+            d = diagnoses.get(a)
+            is_f = isinstance(f, FailureDetected)
+            interruptions.append(Interruption(
+                time_seconds=t(f) - lo, attempt=a, kind=f.kind if isinstance(f, FailureDetected) else "planned",
+                planned=not is_f, step=f.step if isinstance(f, FailureDetected) else None,
+                ranks=f.ranks if isinstance(f, FailureDetected) else (),
+                hosts=f.hosts if isinstance(f, FailureDetected) else (),
+                detection_latency_seconds=f.detection_latency_seconds if isinstance(f, FailureDetected) else 0.0,
+                category=d.category if d else ("Planned" if not is_f else "Unknown"),
+                group=d.group if d else ("Planned" if not is_f else "Unknown"),
+                culprit_ranks=d.culprit_ranks if d else (), culprit_hosts=d.culprit_hosts if d else (),
+                verdict=d.verdict if d else "", time_lost_seconds=by_owner.get(a, 0.0),
+            ))
+
+    return GoodputReport(
+        run_id=run_id,
+        status=run_ended.status if run_ended else "incomplete",
+        synthetic=bool(run_started and run_started.synthetic),
+        wall_seconds=hi - lo,
+        productive_seconds=by_label[PRODUCTIVE],
+        badput_seconds={k: by_label[k] for k in BUCKETS},
+        attempts=len(attempts),
+        completed_steps=completed,
+        target_steps=run_started.target_steps if run_started else None,
+        interruptions=interruptions,
+        steps_per_second=_throughput(blocks, lo, hi),
+        root_causes=_root_causes(interruptions),
+        clock_offsets_seconds={h: o for h, o in offsets.items() if o},
+        warnings=warnings,
+    )
+
+
+def _throughput(blocks: list[_Block], lo: float, hi: float, bins: int = 60) -> list[tuple[float, float]]:
+    """Executed steps per second in ``bins`` equal bins over the run (steps of a span spread evenly)."""
+    if hi <= lo:
+        return []
+    width = (hi - lo) / bins
+    counts = [0.0] * bins
+    for b in blocks:
+        n = b.last - b.first + 1
+        i0, i1 = int((b.start - lo) // width), int((b.end - lo) // width)
+        if b.end <= b.start:
+            counts[min(max(i0, 0), bins - 1)] += n
+            continue
+        # Spread the block's steps over its interval, bin by bin.
+        for i in range(max(i0, 0), min(i1, bins - 1) + 1):
+            s, e = max(b.start, lo + i * width), min(b.end, lo + (i + 1) * width)
+            counts[i] += n * max(e - s, 0.0) / (b.end - b.start)
+    return [(i * width, c / width) for i, c in enumerate(counts)]
+
+
+def _root_causes(interruptions: list[Interruption]) -> list[dict[str, Any]]:
+    """Llama 3 Table 5 style: category, group, count, share of interruptions, time lost."""
+    unexpected = [i for i in interruptions if not i.planned]
+    rows: dict[tuple[str, str], list[Interruption]] = defaultdict(list)
+    for i in unexpected:
+        rows[(i.category, i.group)].append(i)
+    table = [
+        {"category": c, "group": g, "count": len(items), "share": len(items) / len(unexpected),
+         "time_lost_seconds": sum(i.time_lost_seconds for i in items)}
+        for (c, g), items in rows.items()
+    ]
+    return sorted(table, key=lambda r: (-r["count"], r["category"]))
