@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS host_history (
 );
 """
 
-_XID = re.compile(r"\bXid\b[^:]*:\s*(\d+)", re.IGNORECASE)
+_XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
 HOST_KINDS = ("culprit", "failure", "excluded", "check_failed", "failed_attempt_member", "xid")
 
 
@@ -249,5 +249,5 @@ class FleetDB:
         if host is not None:
             sql += " WHERE host = ?"
             args = (host,)
-        cur = self._conn.execute(sql + " ORDER BY time, host, kind")
+        cur = self._conn.execute(sql + " ORDER BY time, host, kind", args)
         return [HostRecord(*row) for row in cur.fetchall()]

@@ -286,22 +286,21 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
 
     interruptions: list[Interruption] = []
     for a in attempts:
-        events_a: list[FailureDetected | PlannedInterruption] = list(failures[a])
-        if not events_a and a in planned:
-            events_a = [planned[a]]
-        for f in events_a[:1]:  # one interruption per attempt: the first failure seen ends it
-            d = diagnoses.get(a)
-            is_f = isinstance(f, FailureDetected)
+        d = diagnoses.get(a)
+        if failures[a]:  # one interruption per attempt: the first failure seen ends it
+            first = min(failures[a], key=t)
             interruptions.append(Interruption(
-                time_seconds=t(f) - lo, attempt=a, kind=f.kind if isinstance(f, FailureDetected) else "planned",
-                planned=not is_f, step=f.step if isinstance(f, FailureDetected) else None,
-                ranks=f.ranks if isinstance(f, FailureDetected) else (),
-                hosts=f.hosts if isinstance(f, FailureDetected) else (),
-                detection_latency_seconds=f.detection_latency_seconds if isinstance(f, FailureDetected) else 0.0,
-                category=d.category if d else ("Planned" if not is_f else "Unknown"),
-                group=d.group if d else ("Planned" if not is_f else "Unknown"),
+                time_seconds=t(first) - lo, attempt=a, kind=first.kind, planned=False, step=first.step,
+                ranks=first.ranks, hosts=first.hosts, detection_latency_seconds=first.detection_latency_seconds,
+                category=d.category if d else "Unknown", group=d.group if d else "Unknown",
                 culprit_ranks=d.culprit_ranks if d else (), culprit_hosts=d.culprit_hosts if d else (),
                 verdict=d.verdict if d else "", time_lost_seconds=by_owner.get(a, 0.0),
+            ))
+        elif a in planned:
+            interruptions.append(Interruption(
+                time_seconds=t(planned[a]) - lo, attempt=a, kind="planned", planned=True, step=None, ranks=(),
+                hosts=(), detection_latency_seconds=0.0, category="Planned", group="Planned", culprit_ranks=(),
+                culprit_hosts=(), verdict="", time_lost_seconds=by_owner.get(a, 0.0),
             ))
 
     return GoodputReport(

@@ -11,7 +11,9 @@ HELP = "index run directories into the fleet database (idempotent)"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", metavar="RUN", nargs="+", help="run directories to index")
-    parser.add_argument("--db", help="fleet database file (default: $TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db)")
+    parser.add_argument(
+        "--db", help="fleet database file (default: $TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db)"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
 

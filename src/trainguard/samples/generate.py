@@ -96,7 +96,8 @@ def generate(out: Path) -> RunDir:
                 t += blocking
                 last_ckpt = step
         if how == "completed":
-            agent.write(AttemptEnded(time=T0 + t + 1.0, host="node-a", attempt=attempt, reason="completed", exit_code=0))
+            agent.write(AttemptEnded(time=T0 + t + 1.0, host="node-a", attempt=attempt, reason="completed",
+                                     exit_code=0))
             t += 1.5
             break
         if how == "crash":
@@ -105,7 +106,8 @@ def generate(out: Path) -> RunDir:
             agent.write(FailureDetected(time=T0 + t + latency, host="node-a", attempt=attempt, kind="crash", ranks=(5,),
                                         hosts=("node-b",), detection_latency_seconds=latency, step=step,
                                         evidence=("logs/attempt-0/rank-5.log",)))
-            agent.write(Diagnosis(time=T0 + t + 2, host="node-a", attempt=attempt, category="GPU HBM3 Memory", group="GPU",
+            agent.write(Diagnosis(time=T0 + t + 2, host="node-a", attempt=attempt, category="GPU HBM3 Memory",
+                                  group="GPU",
                                   culprit_ranks=(5,), culprit_hosts=("node-b",), confidence=0.95,
                                   explanation="uncorrectable ECC error on GPU 1 of node-b",
                                   evidence=("NVRM: Xid (PCI:0000:1b:00): 48, pid=4242, DBE (0x2) (0x0)",)))

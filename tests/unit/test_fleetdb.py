@@ -1,0 +1,88 @@
+"""Fleet database: indexing is idempotent, concurrent indexers neither lose nor duplicate events."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.unit.streams import crash_mid_step, skewed_hosts
+from trainguard.errors import InputError
+from trainguard.fleetdb import FleetDB
+from trainguard.rundir import RunDir
+
+
+def _make_run(root: Path, name: str, case) -> RunDir:
+    rd = RunDir(root / name).create()
+    for writer, records in case.writers.items():
+        with rd.writer(writer) as w:
+            w.write_all(records)
+    return rd
+
+
+def _count_lines(rd: RunDir) -> int:
+    return sum(len(p.read_text().splitlines()) for p in rd.event_files())
+
+
+def test_index_is_idempotent_and_builds_host_history(tmp_path: Path) -> None:
+    rd = _make_run(tmp_path, "run-a", crash_mid_step())
+    with FleetDB(tmp_path / "fleet.db") as db:
+        assert db.index_run(rd) == _count_lines(rd)
+        assert db.index_run(rd) == 0
+        assert db.event_count("run-a") == _count_lines(rd)
+        kinds = {(h.host, h.kind, h.detail) for h in db.host_history()}
+        assert ("h0", "culprit", "Faulty GPU") in kinds
+        assert ("h0", "xid", "79") in kinds
+        assert ("h0", "failure", "crash") in kinds
+        assert ("h0", "failed_attempt_member", "attempt 0") in kinds
+        (run,) = db.runs()
+        assert run.status == "completed" and run.events == _count_lines(rd)
+    mode = sqlite3.connect(tmp_path / "fleet.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def _index_many(db_path: str, runs: list[str], rounds: int) -> None:
+    with FleetDB(db_path) as db:
+        for _ in range(rounds):
+            for r in runs:
+                db.index_run(r)
+
+
+def test_concurrent_indexers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    runs = [_make_run(tmp_path, f"run-{i}", (crash_mid_step if i % 2 else skewed_hosts)()) for i in range(6)]
+    expected = sum(_count_lines(r) for r in runs)
+    db_path = str(tmp_path / "fleet.db")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_index_many, args=(db_path, [str(r.root) for r in runs[i:] + runs[:i]], 3))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with FleetDB(db_path) as db:
+        assert db.event_count() == expected
+        assert len(db.runs()) == 6
+
+
+def test_bad_run_and_bad_db_file(tmp_path: Path) -> None:
+    with FleetDB(tmp_path / "fleet.db") as db, pytest.raises(InputError, match="no such run directory"):
+        db.index_run(tmp_path / "missing")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(InputError, match="not a usable fleet database"):
+        FleetDB(junk)
+
+
+def test_host_history_filters_by_host(tmp_path: Path) -> None:
+    from trainguard.samples import SAMPLE_RUN
+
+    with FleetDB(tmp_path / "fleet.db") as db:
+        db.index_run(SAMPLE_RUN)
+        assert db.hosts() == ["node-a", "node-b"]
+        b = db.host_history("node-b")
+        assert b and {h.host for h in b} == {"node-b"}
+        assert ("culprit", "GPU HBM3 Memory") in {(h.kind, h.detail) for h in b}
+        assert ("xid", "48") in {(h.kind, h.detail) for h in b}
