@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"trainguard {args.verb}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return code
-    except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
+    except Exception as exc:
         if args.debug:
             raise
         log.debug("internal error", exc_info=True)
