@@ -1,0 +1,78 @@
+"""Root-cause classification of training interruptions into Llama 3's Table 5 categories.
+
+Deterministic and explainable: rules kept as data (``rules.toml``, extensible) map log evidence to a
+category, its group, a confidence, the evidence lines, and the suspected host and GPU. Pure analysis:
+no torch, no network. See docs/classify.md.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+from trainguard.classify.engine import Classification, Evidence, decide
+from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
+from trainguard.classify.scan import Accumulator, Scanner
+from trainguard.classify.sources import DEFAULT_MAX_BYTES, check_file, scan_dir, scan_file
+from trainguard.classify.taxonomy import CATEGORIES, GROUPS, TIERS, UNKNOWN, group_of
+from trainguard.errors import InputError
+
+__all__ = [
+    "BUILTIN_RULES",
+    "CATEGORIES",
+    "DEFAULT_MAX_BYTES",
+    "GROUPS",
+    "TIERS",
+    "UNKNOWN",
+    "Classification",
+    "Evidence",
+    "Rule",
+    "RuleSet",
+    "check_file",
+    "classify_paths",
+    "classify_text",
+    "group_of",
+    "load_rules",
+]
+
+
+@lru_cache(maxsize=4)
+def _scanner(rules: RuleSet | None) -> Scanner:
+    return Scanner(rules if rules is not None else load_rules())
+
+
+def classify_text(text: str, source: str, *, verdict: str | None = None,
+                  rules: RuleSet | None = None) -> Classification:
+    """Classify a log held in memory; ``source`` names it in the evidence."""
+    scanner = _scanner(rules)
+    acc = Accumulator(files=1)
+    scanner.scan_stream(io.BytesIO(text.encode("utf-8", "replace")), source, acc)
+    return decide(source, acc, scanner.rules, verdict)
+
+
+def classify_paths(paths: Iterable[str | Path], *, verdict: str | None = None,
+                   rules: RuleSet | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                   combine: bool = False) -> list[Classification]:
+    """One classification per path (a file, or a directory whose text files count as one source).
+
+    With ``combine``, all paths form one source (the evidence of a failed attempt spread over files).
+    Raises `InputError` for a missing, unreadable, binary or too large file named directly.
+    """
+    scanner = _scanner(rules)
+    items = [Path(p) for p in paths]
+    if not items:
+        raise InputError("no input files given")
+    groups = [items] if combine else [[p] for p in items]
+    out: list[Classification] = []
+    for group in groups:
+        acc = Accumulator()
+        for p in group:
+            if p.is_dir():
+                scan_dir(scanner, p, acc, max_bytes)
+            else:
+                scan_file(scanner, p, acc, max_bytes)
+        source = str(group[0]) if len(group) == 1 else ",".join(str(p) for p in group)
+        out.append(decide(source, acc, scanner.rules, verdict))
+    return out

@@ -1,0 +1,254 @@
+"""Classification rules as data: load, validate and merge the TOML rule files.
+
+The built-in rules live in ``rules.toml`` next to this module; users extend or override them with
+their own file (``trainguard classify --rules FILE``). See docs/classify.md for the format.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.classify.taxonomy import CATEGORIES, TIERS, UNKNOWN, default_tier
+from trainguard.errors import InputError
+
+BUILTIN_RULES = Path(__file__).with_name("rules.toml")
+_VALID_CATEGORIES = frozenset(CATEGORIES) | {UNKNOWN}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One line-level pattern that is evidence for a category."""
+
+    id: str
+    """Unique name; a user rule with the id of a built-in one replaces it."""
+    category: str
+    """Table 5 category, or ``Unknown`` for partial evidence that names no cause."""
+    confidence: float
+    """How sure one matching line makes us, 0..1."""
+    tier: str
+    """Precedence tier (see `TIERS`)."""
+    pattern: re.Pattern[str]
+    """Searched in each candidate line; named groups ``gpu`` and ``host`` locate the suspect."""
+    keywords: tuple[str, ...] = ()
+    """Literal strings of which one must occur in the line (a fast pre-filter); empty = use pattern."""
+    unless: re.Pattern[str] | None = None
+    """A line that also matches this is not evidence for this rule."""
+    ignore_case: bool = False
+    explain: str = ""
+
+
+@dataclass(frozen=True)
+class XidRule:
+    """What a set of NVIDIA XID codes means."""
+
+    codes: frozenset[int]
+    category: str
+    confidence: float
+    tier: str
+    explain: str = ""
+    qualifiers: tuple[tuple[re.Pattern[str], str, str], ...] = ()
+    """(pattern, category, explain): the first qualifier matching the line's text overrides."""
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    """What a localization verdict adds as evidence."""
+
+    verdict: str
+    category: str
+    confidence: float
+    tier: str
+    explain: str = ""
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Everything the classifier needs, loaded from one or more rule files."""
+
+    rules: tuple[Rule, ...]
+    xid_pattern: re.Pattern[str]
+    """Finds an XID line; groups ``code`` (required) and ``gpu``/``host`` (optional)."""
+    xids: tuple[XidRule, ...]
+    unknown_xid_confidence: float
+    verdicts: tuple[VerdictRule, ...]
+    line_hosts: tuple[re.Pattern[str], ...] = ()
+    """Patterns whose ``host`` group names the host of the line they match (syslog prefixes)."""
+    source_hosts: tuple[re.Pattern[str], ...] = ()
+    """Patterns whose ``host`` group names the host the whole log is from (torchelastic summaries)."""
+    source_host_keywords: tuple[str, ...] = ()
+    strong_confidence: float = 0.5
+    """Signals below this confidence are weak: they win only when nothing strong is present."""
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+    def xid_rule(self, code: int) -> XidRule | None:
+        for r in self.xids:
+            if code in r.codes:
+                return r
+        return None
+
+
+def _fail(where: str, msg: str) -> InputError:
+    return InputError(f"{where}: {msg}")
+
+
+def _regex(where: str, text: Any, ignore_case: bool = False) -> re.Pattern[str]:
+    if not isinstance(text, str) or not text:
+        raise _fail(where, "pattern must be a non-empty string")
+    try:
+        return re.compile(text, re.IGNORECASE if ignore_case else 0)
+    except re.error as exc:
+        raise _fail(where, f"bad regular expression: {exc}") from None
+
+
+def _category(where: str, value: Any) -> str:
+    if value not in _VALID_CATEGORIES:
+        raise _fail(where, f"unknown category {value!r} (use a Table 5 name or 'Unknown')")
+    return str(value)
+
+
+def _confidence(where: str, value: Any) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise _fail(where, f"confidence must be a number in 0..1, got {value!r}")
+    return float(value)
+
+
+def _tier(where: str, value: Any, category: str) -> str:
+    if value is None:
+        return default_tier(category)
+    if value not in TIERS:
+        raise _fail(where, f"unknown tier {value!r} (one of {', '.join(TIERS)})")
+    return str(value)
+
+
+def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
+    rid = d.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise _fail(where, "every [[rule]] needs an id")
+    where = f"{where}: rule {rid!r}"
+    category = _category(where, d.get("category"))
+    ignore_case = bool(d.get("ignore_case", False))
+    keywords = d.get("keywords", [])
+    if not isinstance(keywords, list) or not all(isinstance(k, str) and k for k in keywords):
+        raise _fail(where, "keywords must be a list of non-empty strings")
+    unless = d.get("unless")
+    return Rule(
+        id=rid,
+        category=category,
+        confidence=_confidence(where, d.get("confidence")),
+        tier=_tier(where, d.get("tier"), category),
+        pattern=_regex(where, d.get("pattern"), ignore_case),
+        keywords=tuple(keywords),
+        unless=_regex(where, unless, ignore_case) if unless is not None else None,
+        ignore_case=ignore_case,
+        explain=str(d.get("explain", "")),
+    )
+
+
+def _parse_xid(where: str, d: dict[str, Any]) -> XidRule:
+    codes = d.get("codes")
+    if not isinstance(codes, list) or not codes or not all(isinstance(c, int) for c in codes):
+        raise _fail(where, "every [[xid]] needs codes = [integers]")
+    where = f"{where}: xid {codes}"
+    category = _category(where, d.get("category"))
+    quals = []
+    for q in d.get("qualifier", []):
+        quals.append((_regex(where, q.get("pattern")), _category(where, q.get("category")),
+                      str(q.get("explain", ""))))
+    return XidRule(
+        codes=frozenset(codes),
+        category=category,
+        confidence=_confidence(where, d.get("confidence")),
+        tier=_tier(where, d.get("tier"), category),
+        explain=str(d.get("explain", "")),
+        qualifiers=tuple(quals),
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such rules file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not a valid TOML rules file ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the rules file ({exc})") from None
+
+
+def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
+    """The built-in rules, extended/overridden by each file in ``extra`` in order.
+
+    A user file's ``[[rule]]`` with an existing id replaces that rule; ``[[xid]]`` entries override
+    the built-in meaning of their codes; ``[[verdict]]`` entries replace the same verdict. A file with
+    ``replace = true`` at the top drops everything loaded before it. Raises `InputError` on bad files.
+    """
+    paths = ([BUILTIN_RULES] if builtin else []) + [Path(p) for p in extra]
+    rules: dict[str, Rule] = {}
+    xids: list[XidRule] = []
+    verdicts: dict[str, VerdictRule] = {}
+    line_hosts: list[re.Pattern[str]] = []
+    source_hosts: list[re.Pattern[str]] = []
+    source_kw: list[str] = []
+    xid_pattern: re.Pattern[str] | None = None
+    unknown_xid = 0.2
+    strong = 0.5
+    for path in paths:
+        data = _read_toml(path)
+        where = str(path)
+        if data.get("replace"):
+            rules, xids, verdicts = {}, [], {}
+            line_hosts, source_hosts, source_kw = [], [], []
+        for d in data.get("rule", []):
+            r = _parse_rule(where, d)
+            rules.pop(r.id, None)
+            rules[r.id] = r
+        for d in data.get("xid", []):
+            x = _parse_xid(where, d)
+            xids = [old for old in xids if not old.codes <= x.codes]
+            xids.insert(0, x)  # newer files win on overlapping codes
+        for d in data.get("verdict", []):
+            name = d.get("verdict")
+            category = _category(where, d.get("category"))
+            verdicts[str(name)] = VerdictRule(
+                str(name), category, _confidence(where, d.get("confidence")),
+                _tier(where, d.get("tier"), category), str(d.get("explain", "")))
+        for d in data.get("context", []):
+            pattern = _regex(where, d.get("pattern"))
+            if "host" not in pattern.groupindex:
+                raise _fail(where, "a [[context]] pattern needs a (?P<host>...) group")
+            if d.get("scope", "line") == "source":
+                keywords = d.get("keywords")
+                if not isinstance(keywords, list) or not keywords:
+                    raise _fail(where, "a [[context]] with scope = 'source' needs keywords")
+                source_hosts.append(pattern)
+                source_kw.extend(str(k) for k in keywords)
+            else:
+                line_hosts.append(pattern)
+        settings = data.get("settings", {})
+        if "xid_pattern" in settings:
+            xid_pattern = _regex(where, settings["xid_pattern"])
+            if "code" not in xid_pattern.groupindex:
+                raise _fail(where, "settings.xid_pattern needs a (?P<code>...) group")
+        if "unknown_xid_confidence" in settings:
+            unknown_xid = _confidence(where, settings["unknown_xid_confidence"])
+        if "strong_confidence" in settings:
+            strong = _confidence(where, settings["strong_confidence"])
+    if xid_pattern is None:
+        raise InputError("rules: no settings.xid_pattern defined")
+    return RuleSet(
+        rules=tuple(rules.values()),
+        xid_pattern=xid_pattern,
+        xids=tuple(xids),
+        unknown_xid_confidence=unknown_xid,
+        verdicts=tuple(verdicts.values()),
+        line_hosts=tuple(line_hosts),
+        source_hosts=tuple(source_hosts),
+        source_host_keywords=tuple(source_kw),
+        strong_confidence=strong,
+        sources=tuple(str(p) for p in paths),
+    )

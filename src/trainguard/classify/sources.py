@@ -1,0 +1,139 @@
+"""Reading classification inputs: plain or gzipped logs, torchelastic JSON error files, directories.
+
+Every problem a user can cause (missing, unreadable, binary or too large file) is an `InputError`
+with a one-line message.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainguard.classify.scan import Accumulator, Scanner
+from trainguard.errors import InputError
+
+log = logging.getLogger(__name__)
+
+SNIFF_BYTES = 8192
+JSON_MAX_BYTES = 16 << 20
+DEFAULT_MAX_BYTES = 16 << 30
+"""Files larger than this are refused unless the caller raises the limit (0 = no limit)."""
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _sniff(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(SNIFF_BYTES)
+    except PermissionError:
+        raise InputError(f"{path}: cannot read the file (permission denied)") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+
+
+def _looks_binary(head: bytes) -> bool:
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text_bytes = sum(1 for b in head if b >= 0x20 or b in (9, 10, 12, 13, 27))
+    return text_bytes / len(head) < 0.9
+
+
+def check_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Raise `InputError` unless ``path`` is a readable text (or gzipped) log; returns its head."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if max_bytes and size > max_bytes:
+        raise InputError(
+            f"{path}: file is {size / 2**30:.2f} GiB, over the {max_bytes / 2**30:.2f} GiB limit "
+            "(raise it with --max-bytes, 0 = no limit)")
+    head = _sniff(path)
+    if head.startswith(_GZIP_MAGIC):
+        try:
+            with gzip.open(path, "rb") as g:
+                head = g.read(SNIFF_BYTES)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{path}: corrupt gzip file ({exc})") from None
+    if _looks_binary(head):
+        raise InputError(f"{path}: binary file, not a text log (classify reads text or .gz logs)")
+    return head
+
+
+def _json_text(value: Any, out: list[str]) -> None:
+    """Every string of a JSON document, in document order, tracebacks first for torchelastic files."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k in sorted(value, key=lambda k: k != "py_callstack"):
+            _json_text(value[k], out)
+    elif isinstance(value, list):
+        for v in value:
+            _json_text(v, out)
+
+
+def _json_lines(path: Path, head: bytes) -> str | None:
+    """The decoded text of a JSON file (e.g. a torchelastic error.json), or None for other files."""
+    if path.suffix != ".json" or path.stat().st_size > JSON_MAX_BYTES or not head.lstrip()[:1] in (b"{", b"["):
+        return None
+    try:
+        doc = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    parts: list[str] = []
+    _json_text(doc, parts)
+    return "\n".join(parts)
+
+
+def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Scan one file (raises `InputError` if it is not a readable text log)."""
+    head = check_file(path, max_bytes)
+    label = str(path)
+    acc.files += 1
+    text = _json_lines(path, head)
+    if text is not None:
+        scanner.scan_stream(io.BytesIO(text.encode()), label, acc)
+        return
+    try:
+        if head and path.open("rb").read(2) == _GZIP_MAGIC:
+            with gzip.open(path, "rb") as g:
+                scanner.scan_stream(g, label, acc)
+        else:
+            with path.open("rb") as f:
+                scanner.scan_stream(f, label, acc)
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{path}: read failed ({exc})") from None
+
+
+def iter_dir(root: Path) -> Iterator[Path]:
+    """Regular files under ``root``, sorted, hidden files left out."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                yield Path(dirpath) / name
+
+
+def scan_dir(scanner: Scanner, root: Path, acc: Accumulator, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Scan every text file under ``root``; files that cannot be read are listed in ``acc.skipped``."""
+    for path in iter_dir(root):
+        try:
+            scan_file(scanner, path, acc, max_bytes)
+        except InputError as exc:
+            log.info("skipped %s", exc)
+            acc.skipped.append(str(exc))
+    if acc.files == 0:
+        raise InputError(f"{root}: no readable text logs in the directory")

@@ -1,0 +1,50 @@
+"""The Llama 3 Table 5 root-cause taxonomy: categories, their component groups, and precedence tiers."""
+
+from __future__ import annotations
+
+UNKNOWN = "Unknown"
+
+CATEGORIES: dict[str, str] = {
+    "Faulty GPU": "GPU",
+    "GPU HBM3 Memory": "GPU",
+    "Software Bug": "Dependency",
+    "Network Switch/Cable": "Network",
+    "Host Maintenance": "Unplanned Maintenance",
+    "GPU SRAM Memory": "GPU",
+    "GPU System Processor": "GPU",
+    "NIC": "Host",
+    "NCCL Watchdog Timeouts": "Unknown",
+    "Silent Data Corruption": "GPU",
+    "GPU Thermal Interface + Sensor": "GPU",
+    "SSD": "Host",
+    "Power Supply": "Host",
+    "Server Chassis": "Host",
+    "IO Expansion Board": "Host",
+    "Dependency": "Dependency",
+    "CPU": "Host",
+    "System Memory": "Host",
+}
+"""Table 5's 18 categories (names verbatim, in the paper's order) and the group each belongs to."""
+
+GROUPS: tuple[str, ...] = ("GPU", "Dependency", "Network", "Unplanned Maintenance", "Host", "Unknown")
+
+TIERS: tuple[str, ...] = ("hardware", "maintenance", "software", "timeout", "hint")
+"""Precedence tiers, strongest first: a strong signal of an earlier tier outranks any later one."""
+
+
+def group_of(category: str) -> str:
+    """The Table 5 group of ``category`` (``Unknown`` for ``Unknown`` and unlisted categories)."""
+    return CATEGORIES.get(category, UNKNOWN)
+
+
+def default_tier(category: str) -> str:
+    """The tier a rule gets when its data file names none."""
+    if category == UNKNOWN:
+        return "hint"
+    if category == "Host Maintenance":
+        return "maintenance"
+    if category == "NCCL Watchdog Timeouts":
+        return "timeout"
+    if group_of(category) == "Dependency":
+        return "software"
+    return "hardware"
