@@ -1,0 +1,555 @@
+"""`Checkpointer`: sharded DCP saves with atomic commit, verified restore with fallback, async saves.
+
+Protocol (details in docs/checkpoint.md): every rank writes its shard into ``.staging-step-N-<nonce>/``
+while checksumming it; the ranks exchange sizes and checksums; rank 0 writes ``manifest.json``,
+renames the directory to ``step-N/`` and fsyncs the parent; the outcome is broadcast so every rank
+reports (and later raises) the same result. Background work uses its own gloo group; the main thread's
+agreements (nonce, restore choice, time-based decisions) use another, so the two never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+import trainguard
+from trainguard.checkpoint.errors import CheckpointError
+from trainguard.checkpoint.interval import IntervalPolicy
+from trainguard.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    commit,
+    committed_steps,
+    crc32_file,
+    read_manifest,
+    step_dir,
+    structure_mismatch,
+    verify_files,
+    write_manifest,
+)
+from trainguard.checkpoint.retention import apply_retention
+from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
+from trainguard.eventlog import EventWriter
+from trainguard.events import (
+    CheckpointLoaded,
+    CheckpointPolicyChanged,
+    CheckpointRejected,
+    CheckpointSaveFinished,
+    CheckpointSaveStarted,
+    Event,
+)
+
+log = logging.getLogger(__name__)
+# Single-process use (no process group) is intended, not a mistake worth a warning per save.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+RANK_LOCAL_KEY = "rank_local"
+"""Entry of ``state`` that differs per rank (RNG, data position): saved and restored per rank."""
+_RANK_LOCAL_STORED = "__rank_local__"
+
+
+@dataclass
+class _Pending:
+    step: int
+    future: Future[tuple[bool, str]]
+
+
+def _describe(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = {"kind": "tensor", "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        else:
+            out[key] = {"kind": "object"}
+    return out
+
+
+def _saved_structure(metadata: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if hasattr(md, "size") and hasattr(md, "properties"):
+            dtype = str(md.properties.dtype).removeprefix("torch.")
+            out[fqn] = {"kind": "tensor", "shape": list(md.size), "dtype": dtype}
+        else:
+            out[fqn] = {"kind": "object"}
+    return out
+
+
+def _assign(root: Any, path: tuple[Any, ...], value: Any) -> None:
+    """Set ``value`` at ``path`` (keys as DCP flattened them: str for dict keys) inside ``root``."""
+    cur = root
+    for i, key in enumerate(path):
+        if isinstance(cur, dict):
+            real = key if key in cur else next((k for k in cur if str(k) == str(key)), key)
+        else:
+            real = int(key)
+        if i == len(path) - 1:
+            if isinstance(cur, tuple):
+                log.warning("cannot restore %s inside a tuple", ".".join(map(str, path)))
+                return
+            cur[real] = value
+        else:
+            cur = cur[real]
+
+
+def _describe_error(exc: BaseException) -> str:
+    """One line naming the root cause (DCP wraps per-rank failures in a CheckpointException)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, inner = min(failures.items())
+        inner_exc = inner[0] if isinstance(inner, tuple) else inner
+        return f"rank {rank}: {_describe_error(inner_exc) if isinstance(inner_exc, BaseException) else inner_exc}"
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0] if text else ''}".strip()
+
+
+def _tensor_bytes(flat: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in flat.values() if isinstance(v, torch.Tensor))
+
+
+def latest_step(directory: str | os.PathLike[str], *, checksums: bool = False) -> int | None:
+    """Newest committed checkpoint whose manifest parses and whose files exist with the right sizes."""
+    for step in committed_steps(Path(directory)):
+        path = step_dir(Path(directory), step)
+        try:
+            manifest = read_manifest(path)
+            verify_files(path, manifest, manifest.files, checksums=checksums)
+        except CheckpointError as exc:
+            log.info("checkpoint %s skipped: %s", path, exc)
+            continue
+        return step
+    return None
+
+
+class Checkpointer:
+    """Saves and restores training state in ``directory`` (see module doc and docs/checkpoint.md)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        events: EventWriter | None = None,
+        attempt: int = 0,
+        process_group: Any = None,
+        async_save: bool = True,
+        keep_last: int = 3,
+        keep_every: int | None = None,
+        interval: IntervalPolicy | None = None,
+        timeout_seconds: float = 600.0,
+        hooks: WriteHooks | None = None,
+    ) -> None:
+        if keep_last < 1 or (keep_every is not None and keep_every < 1):
+            raise ValueError("keep_last must be >= 1 and keep_every None or >= 1")
+        self.directory = Path(directory)
+        self.events = events
+        self.attempt = attempt
+        self.async_save = async_save
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.interval = interval or IntervalPolicy.every_steps(100)
+        self.timeout_seconds = timeout_seconds
+        self.hooks = hooks
+        self._host = socket.gethostname()
+        self._save_pg = process_group
+        self._ctl_pg: Any = None
+        self._groups_ready = False
+        self._stager = CachingStager()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: _Pending | None = None
+        self._error: str | None = None
+        self._protected: int | None = None
+        self._last_save_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._closed = False
+        if dist.is_available() and dist.is_initialized():
+            self._setup_groups()
+        self._emit_policy(self.interval)
+
+    # --- process groups ------------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if self.distributed else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if self.distributed else 1
+
+    def _setup_groups(self) -> None:
+        if self._groups_ready or not self.distributed:
+            return
+        timeout = timedelta(seconds=self.timeout_seconds)
+        if self._save_pg is None:
+            self._save_pg = dist.new_group(backend="gloo", timeout=timeout)
+        self._ctl_pg = dist.new_group(backend="gloo", timeout=timeout)
+        self._groups_ready = True
+
+    def _broadcast(self, obj: Any, group: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return box[0]
+
+    def _all_gather(self, obj: Any, group: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    # --- events ----------------------------------------------------------------------------------
+    def _emit(self, record: Event) -> None:
+        if self.events is None:
+            return
+        try:
+            self.events.write(record)
+        except trainguard.TrainguardError as exc:
+            log.warning("cannot record checkpoint event: %s", exc)
+
+    def _emit_policy(self, policy: IntervalPolicy) -> None:
+        if self.rank == 0:
+            self._emit(
+                CheckpointPolicyChanged(
+                    time=time.time(),
+                    host=self._host,
+                    policy=policy.policy,
+                    interval_seconds=policy.seconds,
+                    interval_steps=policy.steps,
+                    save_cost_seconds=policy.save_cost_seconds if policy.time_based else None,
+                    mtbf_seconds=policy.mtbf_seconds,
+                )
+            )
+
+    # --- interval policy --------------------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """Whether ``step`` is due for a checkpoint; time-based policies use rank 0's clock for all."""
+        if self.interval.policy == "steps":
+            return self.interval.due(step, self._last_save_step, 0.0)
+        self._setup_groups()
+        due = self.interval.due(step, self._last_save_step, time.monotonic() - self._last_save_time)
+        return bool(self._broadcast(due, self._ctl_pg))
+
+    def set_mtbf(self, mtbf_seconds: float) -> None:
+        """Feed a configured or observed mean time between failures to an ``auto`` policy."""
+        new = self.interval.with_measurements(mtbf_seconds=mtbf_seconds)
+        if new is not None:
+            self.interval = new
+            self._emit_policy(new)
+
+    def _measured_cost(self, blocking_seconds: float) -> None:
+        new = self.interval.with_measurements(save_cost_seconds=blocking_seconds)
+        if new is not None:
+            self.interval = new
+            self._emit_policy(new)
+
+    # --- save ----------------------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Save ``state`` as step ``step``; returns once it is staged (async) or committed (sync).
+
+        Raises `CheckpointError` first if the previous background save failed (the error is reported
+        once; the call after that saves normally).
+        """
+        if self._closed:
+            raise CheckpointError("checkpointer is closed")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        start_wall, start = time.time(), time.perf_counter()
+        self._drain()
+        self._raise_error()
+        self._setup_groups()
+        nonce = self._broadcast(secrets.token_hex(4), self._ctl_pg)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staging = self.directory / f".staging-step-{step}-{nonce}"
+        payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
+        if RANK_LOCAL_KEY in state:
+            payload[_RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
+        self._emit(
+            CheckpointSaveStarted(time=start_wall, host=self._host, attempt=self.attempt, rank=self.rank, step=step)
+        )
+        writer = ChecksumWriter(staging, hooks=self.hooks)
+        self._last_save_step, self._last_save_time = step, time.monotonic()
+        try:
+            if self.async_save:
+                upload = dcp.async_save(
+                    payload,
+                    storage_writer=writer,
+                    process_group=self._save_pg,
+                    async_stager=self._stager,
+                    no_dist=not self.distributed,
+                )
+            else:
+                upload = Future()
+                try:
+                    upload.set_result(
+                        dcp.save(
+                            payload, storage_writer=writer, process_group=self._save_pg, no_dist=not self.distributed
+                        )
+                    )
+                except BaseException as exc:  # the writer's error, agreed across ranks by DCP
+                    upload.set_exception(exc)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint of step {step} could not be staged: {exc}") from exc
+        blocking = time.perf_counter() - start
+        args = (upload, writer, staging, step, start_wall, start, blocking)
+        if self.async_save:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-checkpoint")
+            self._pending = _Pending(step, self._executor.submit(self._finish, *args))
+        else:
+            ok, error = self._finish(*args)
+            self._consume(step, ok, error, blocking)
+            self._raise_error()
+
+    def _finish(
+        self,
+        upload: Future[Any],
+        writer: ChecksumWriter,
+        staging: Path,
+        step: int,
+        start_wall: float,
+        start: float,
+        blocking: float,
+    ) -> tuple[bool, str]:
+        """Wait for the shards, agree, commit on rank 0, agree on the outcome, emit the event."""
+        error = ""
+        metadata = None
+        try:
+            metadata = upload.result()
+        except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+            error = _describe_error(exc)
+        try:
+            reports = self._all_gather((error, dict(writer.files)), self._save_pg)
+            if self.rank == 0:
+                bad = [(r, e) for r, (e, _) in enumerate(reports) if e]
+                if bad:
+                    rank, first = bad[0]
+                    error = first if first.startswith("rank ") else f"rank {rank}: {first}"
+                else:
+                    error = self._commit(staging, step, reports, metadata)
+                if error:
+                    shutil.rmtree(staging, ignore_errors=True)
+            error = self._broadcast(error, self._save_pg)
+        except Exception as exc:  # a dead peer (group timeout) or a broken connection
+            error = error or f"checkpoint group failed ({exc.__class__.__name__}: {exc})"
+        ok = not error
+        mine = sum(size for size, _ in writer.files.values())
+        self._emit(
+            CheckpointSaveFinished(
+                time=time.time(),
+                host=self._host,
+                attempt=self.attempt,
+                rank=self.rank,
+                step=step,
+                blocking_seconds=blocking,
+                total_seconds=time.perf_counter() - start,
+                bytes=mine,
+                path=str(step_dir(self.directory, step)) if ok else str(staging),
+                ok=ok,
+                error=error,
+            )
+        )
+        if not ok:
+            log.error("checkpoint of step %d failed: %s", step, error)
+        return ok, error
+
+    def _commit(self, staging: Path, step: int, reports: list[Any], metadata: Any) -> str:
+        """Rank 0: write the manifest, rename into place, apply retention. Returns an error or ''."""
+        try:
+            files: dict[str, FileEntry] = {}
+            for _, rank_files in reports:
+                for name, (size, crc) in rank_files.items():
+                    files[name] = FileEntry(size=size, crc32=crc)
+            for name in os.listdir(staging):  # .metadata (renamed by DCP) and anything not streamed
+                if name not in files:
+                    size, crc = crc32_file(staging / name)
+                    files[name] = FileEntry(size=size, crc32=crc)
+            manifest = Manifest(
+                step=step,
+                world_size=self.world_size,
+                files=files,
+                time=time.time(),
+                structure=_saved_structure(metadata) if metadata is not None else {},
+                trainguard_version=trainguard.__version__,
+                torch_version=torch.__version__,
+            )
+            write_manifest(staging, manifest)
+            if self.hooks is not None:
+                self.hooks.before_commit(staging, step)
+            commit(staging, step_dir(self.directory, step))
+        except OSError as exc:
+            return f"commit failed: {exc.__class__.__name__}: {exc}"
+        self._protected = step
+        try:
+            apply_retention(self.directory, keep_last=self.keep_last, keep_every=self.keep_every, protect=[step])
+        except (OSError, ValueError) as exc:
+            log.warning("retention pass failed (nothing valid was removed): %s", exc)
+        return ""
+
+    def _drain(self) -> None:
+        """Wait for the pending background save and record its outcome."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        start = time.perf_counter()
+        ok, error = pending.future.result()
+        self._consume(pending.step, ok, error, time.perf_counter() - start)
+
+    def _consume(self, step: int, ok: bool, error: str, blocking_seconds: float) -> None:
+        if ok:
+            self._protected = step
+            if self.interval.time_based and blocking_seconds > 0:
+                self._measured_cost(blocking_seconds)
+        else:
+            self._error = f"checkpoint of step {step} failed: {error}"
+
+    def _raise_error(self) -> None:
+        if self._error:
+            message, self._error = self._error, None
+            raise CheckpointError(message)
+
+    def wait(self) -> None:
+        """Finish the pending async save; raises `CheckpointError` if it (or an earlier one) failed."""
+        self._drain()
+        self._raise_error()
+
+    def close(self) -> None:
+        """Finish the pending save and release the worker thread; raises like `wait`."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            self._stager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- restore -------------------------------------------------------------------------------------
+    def latest_step(self) -> int | None:
+        """Newest committed checkpoint whose manifest and file sizes check out (no process group needed)."""
+        return latest_step(self.directory)
+
+    def restore(self, state: dict[str, Any]) -> int | None:
+        """Load the newest verified checkpoint into ``state`` in place; its step, or None if there is none.
+
+        Corrupt or partial checkpoints are reported (`CheckpointRejected`), moved aside to
+        ``.rejected-step-N-*`` and skipped. Raises `CheckpointError` when checkpoints exist but none
+        matches the structure of ``state`` (a wrong model or an uninitialised optimizer state).
+        """
+        self._drain()
+        self._setup_groups()
+        start_wall, start = time.time(), time.perf_counter()
+        payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
+        if RANK_LOCAL_KEY in state:
+            payload[_RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
+        flat, mapping = flatten_state_dict(payload)
+        wanted = _describe(flat)
+        own = f"{_RANK_LOCAL_STORED}.{self.rank}"
+        steps: list[int] = self._broadcast(committed_steps(self.directory), self._ctl_pg)
+        mismatches: list[str] = []
+        for step in steps:
+            path = step_dir(self.directory, step)
+            reason, kind = self._check(path, wanted, own)
+            reasons = self._all_gather((reason, kind), self._ctl_pg)
+            if not any(r for r, _ in reasons):
+                try:
+                    dcp.load(flat, checkpoint_id=str(path), process_group=self._ctl_pg, no_dist=not self.distributed)
+                except BaseException as exc:
+                    reasons = [(f"load failed: {_describe_error(exc)}", "corrupt")]
+                else:
+                    self._write_back(payload, flat, mapping, state)
+                    self._loaded(step, path, start_wall, start, _tensor_bytes(flat))
+                    return step
+            rank, (reason, kind) = next((r, x) for r, x in enumerate(reasons) if x[0])
+            self._reject(step, path, f"rank {rank}: {reason}", kind)
+            if kind == "structure":
+                mismatches.append(f"step {step}: {reason}")
+        if mismatches:
+            raise CheckpointError(f"no checkpoint in {self.directory} matches the state: {mismatches[0]}")
+        return None
+
+    def _check(self, path: Path, wanted: dict[str, Any], own: str) -> tuple[str, str]:
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError as exc:
+            return str(exc), "corrupt"
+        saved = {
+            k: v
+            for k, v in manifest.structure.items()
+            if not k.startswith(_RANK_LOCAL_STORED) or k == own or k.startswith(own + ".")
+        }
+        problem = structure_mismatch(saved, wanted)
+        if problem:
+            return problem, "structure"
+        try:
+            verify_files(path, manifest, sorted(manifest.files)[self.rank :: self.world_size])
+        except CheckpointError as exc:
+            return str(exc), "corrupt"
+        return "", ""
+
+    def _reject(self, step: int, path: Path, reason: str, kind: str) -> None:
+        log.warning("checkpoint %s rejected: %s", path, reason)
+        if self.rank != 0:
+            return
+        self._emit(
+            CheckpointRejected(
+                time=time.time(), host=self._host, attempt=self.attempt, step=step, path=str(path), reason=reason
+            )
+        )
+        if kind == "corrupt":
+            try:
+                os.rename(path, self.directory / f".rejected-step-{step}-{secrets.token_hex(4)}")
+            except OSError as exc:
+                log.warning("cannot move rejected checkpoint %s aside: %s", path, exc)
+
+    def _write_back(self, payload: dict[str, Any], flat: dict[str, Any], mapping: Any, state: dict[str, Any]) -> None:
+        for fqn, value in flat.items():
+            if not isinstance(value, torch.Tensor):
+                _assign(payload, tuple(mapping[fqn]), value)
+        for key in state:
+            if key == RANK_LOCAL_KEY:
+                state[key] = payload[_RANK_LOCAL_STORED][str(self.rank)]
+            else:
+                state[key] = payload[key]
+
+    def _loaded(self, step: int, path: Path, start_wall: float, start: float, nbytes: int) -> None:
+        self._protected = step
+        self._last_save_step, self._last_save_time = step, time.monotonic()
+        self._emit(
+            CheckpointLoaded(
+                time=time.time(),
+                host=self._host,
+                attempt=self.attempt,
+                rank=self.rank,
+                step=step,
+                seconds=time.perf_counter() - start,
+                path=str(path),
+                bytes=nbytes,
+            )
+        )
+        del start_wall
