@@ -1,0 +1,229 @@
+"""`diagnose_path`: find the dumps, stream them through the matcher, and build the report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from trainguard.errors import InputError, TrainguardError
+from trainguard.localize.match import Matcher
+from trainguard.localize.model import FileWarning, LocalizationReport
+from trainguard.localize.reader import Dump, DumpError, find_dump_files, rank_from_name, read_dump
+from trainguard.localize.verdicts import Context, group_problems, order_problems
+
+log = logging.getLogger(__name__)
+
+_ATTEMPT = re.compile(r"^attempt-(\d+)$")
+_MAX_RANK_WARNINGS = 20
+
+
+def load_rank_map(path: str | Path) -> dict[int, str]:
+    """A rank-map file: JSON ``{"0": "host-a", "1": "host-a", ...}``. Raises `InputError` when bad."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read rank map: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{p}: rank map is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{p}: rank map must be a JSON object {{rank: host}}")
+    out: dict[int, str] = {}
+    for k, v in data.items():
+        try:
+            rank = int(k)
+        except ValueError:
+            raise InputError(f"{p}: rank map key {k!r} is not a rank number") from None
+        if not isinstance(v, str) or rank < 0:
+            raise InputError(f"{p}: rank map entry {k!r} must map a rank >= 0 to a host name")
+        out[rank] = v
+    return out
+
+
+def _run_root(p: Path) -> tuple[Path | None, int | None, Path]:
+    """(run dir, attempt, directory holding the dumps) for a run dir, its attempt dir, or any dir."""
+    if (p / "events").is_dir():
+        diag = p / "diagnostics"
+        attempts = sorted(
+            (int(m.group(1)), d) for d in (diag.iterdir() if diag.is_dir() else [])
+            if d.is_dir() and (m := _ATTEMPT.match(d.name))
+        )
+        for k, d in reversed(attempts):
+            if find_dump_files(d)[0]:
+                return p, k, d
+        raise InputError(f"{p}: run directory without flight-recorder dumps in diagnostics/attempt-*/")
+    m = _ATTEMPT.match(p.name)
+    if m and p.parent.name == "diagnostics" and (p.parent.parent / "events").is_dir():
+        return p.parent.parent, int(m.group(1)), p
+    return None, None, p
+
+
+def _from_events(root: Path, attempt: int | None, warnings: list[FileWarning]) -> tuple[dict[int, str], int]:
+    """Rank -> host and the world size of ``attempt`` from the run's event records."""
+    from trainguard.rundir import RunDir  # light: no torch
+
+    hosts: dict[int, str] = {}
+    other: dict[int, str] = {}
+    world = 0
+    try:
+        loaded = RunDir(root).load()
+    except TrainguardError as exc:
+        warnings.append(FileWarning(str(root / "events"), f"rank-to-host map unavailable: {exc}"))
+        return {}, 0
+    for le in loaded:
+        rec = le.record
+        rank = getattr(rec, "rank", None)
+        rec_attempt = getattr(rec, "attempt", None)
+        if rec.TYPE == "attempt_started" and rec_attempt == attempt:
+            world = max(world, int(getattr(rec, "world_size", 0) or 0))
+        if isinstance(rank, int) and rec.host:
+            (hosts if attempt is None or rec_attempt == attempt else other)[rank] = rec.host
+    return {**other, **hosts}, world
+
+
+def _evidence_files(directory: Path | None) -> Callable[[int], tuple[str, ...]]:
+    def find(rank: int) -> tuple[str, ...]:
+        if directory is None:
+            return ()
+        out = []
+        for name in (f"stacks_rank_{rank}.txt", f"log_tail_rank_{rank}.txt"):
+            p = directory / name
+            if p.is_file():
+                try:
+                    lines = [ln.strip() for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
+                except OSError:
+                    lines = []
+                tail = " | ".join(lines[-3:])
+                out.append(f"{p}: {tail}" if tail else str(p))
+        return tuple(out)
+
+    return find
+
+
+def analyze(
+    dumps: Iterable[Dump | FileWarning],
+    *,
+    rank_hosts: dict[int, str] | None = None,
+    world_size: int = 0,
+    directory: Path | None = None,
+    path: str = "",
+    warnings: list[FileWarning] | None = None,
+) -> LocalizationReport:
+    """Match a stream of dumps (one at a time; each is dropped after matching) and give the verdict."""
+    t0 = time.perf_counter()
+    warnings = list(warnings or [])
+    matcher = Matcher()
+    versions: dict[int, tuple[str, str]] = {}
+    candidates = 0
+    for d in dumps:
+        candidates += 1
+        if isinstance(d, FileWarning):
+            warnings.append(d)
+            continue
+        if d.rank in matcher.ranks:
+            warnings.append(FileWarning(d.path.name, f"second dump for rank {d.rank}; ignored"))
+            continue
+        for note in d.fmt.notes:
+            warnings.append(FileWarning(d.path.name, note))
+        versions[d.rank] = (d.fmt.version, d.path.name)
+        matcher.add(d)
+    if not matcher.ranks:
+        reasons = "; ".join(f"{w.file}: {w.message}" for w in warnings[:3])
+        raise InputError(f"{path or 'input'}: no valid flight-recorder dump among {candidates} file(s)"
+                         + (f" ({reasons})" if reasons else ""))
+    counts = Counter(v for v, _ in versions.values())
+    if len(counts) > 1:
+        common = counts.most_common(1)[0][0]
+        for rank, (v, name) in sorted(versions.items()):
+            if v != common:
+                warnings.append(FileWarning(name, f"rank {rank} wrote format {v or '?'} but most ranks "
+                                                  f"wrote {common}: mixed torch versions; analysed anyway"))
+    hosts = dict(rank_hosts or {})
+    world = set(matcher.ranks) | set(range(max(matcher.ranks) + 1)) | set(hosts) | set(range(world_size))
+    ctx = Context(world=frozenset(world), hosts=hosts, evidence_files=_evidence_files(directory))
+    problems = order_problems(group_problems(matcher, ctx))
+    missing = sorted(world - matcher.ranks)
+    for r in missing[:_MAX_RANK_WARNINGS]:
+        warnings.append(FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
+                                                 "the rank map or the run's events)"))
+    if len(missing) > _MAX_RANK_WARNINGS:
+        warnings.append(FileWarning("ranks", f"{len(missing) - _MAX_RANK_WARNINGS} more ranks without a dump"))
+    backend = next(iter(matcher.backends)) if len(matcher.backends) == 1 else (
+        "mixed" if matcher.backends else "unknown")
+    if problems:
+        top = problems[0]
+        report = LocalizationReport(
+            verdict=top.verdict, process_group=top.process_group, collective_seq=top.collective_seq,
+            op=top.op, culprit_ranks=top.culprit_ranks, culprit_hosts=top.culprit_hosts,
+            explanation=top.explanation, problems=tuple(problems), warnings=tuple(warnings),
+            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
+            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+        )
+    else:
+        ngroups = len(matcher.groups)
+        text = (f"{len(matcher.ranks)} rank(s), {ngroups} process group(s): every collective matched across "
+                "ranks and none is stuck.")
+        report = LocalizationReport(
+            verdict="healthy", process_group=None, collective_seq=None, op=None, culprit_ranks=(),
+            culprit_hosts=(), explanation=text, problems=(), warnings=tuple(warnings),
+            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
+            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+        )
+    return report
+
+
+def _read_all(files: dict[int, Path], progress: Callable[[], None] | None) -> Iterable[Dump | FileWarning]:
+    for rank in sorted(files):
+        p = files[rank]
+        try:
+            yield read_dump(p, rank)
+        except DumpError as exc:
+            yield FileWarning(p.name, str(exc))
+        if progress is not None:
+            progress()
+
+
+def diagnose_path(
+    path: str | Path,
+    rank_hosts: dict[int, str] | None = None,
+    *,
+    world_size: int = 0,
+    progress: Callable[[], None] | None = None,
+) -> LocalizationReport:
+    """Localize a hang or desync from the dumps in ``path``.
+
+    ``path``: a directory of dumps (rank = the file name's trailing number), one dump file, a run
+    directory (its newest ``diagnostics/attempt-<k>/`` with dumps) or such an attempt directory. Hosts
+    come from ``rank_hosts``, else from the run's events. Raises `InputError` when nothing is readable.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or directory")
+    warnings: list[FileWarning] = []
+    if p.is_file():
+        rank = rank_from_name(p.name)
+        if rank is None:
+            raise InputError(f"{p}: no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
+        files, directory, root, attempt = {rank: p}, p.parent, None, None
+    else:
+        root, attempt, directory = _run_root(p)
+        try:
+            files, dup = find_dump_files(directory)
+        except OSError as exc:
+            raise InputError(f"{directory}: cannot list: {exc.strerror or exc}") from None
+        warnings.extend(FileWarning(n, m) for n, m in dup)
+        if not files:
+            raise InputError(f"{directory}: no flight-recorder dumps (expected files named <prefix><rank>, "
+                             "e.g. fr_trace_rank_0.pkl)")
+    hosts: dict[int, str] = {}
+    if root is not None:
+        hosts, events_world = _from_events(root, attempt, warnings)
+        world_size = max(world_size, events_world)
+    hosts.update(rank_hosts or {})
+    return analyze(_read_all(files, progress), rank_hosts=hosts, world_size=world_size,
+                   directory=directory, path=str(p), warnings=warnings)
