@@ -33,7 +33,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--restore-seconds", type=float, default=120.0, help="part of the overhead loading the checkpoint")
     p.add_argument("--crash-detection", type=float, default=30.0, metavar="SECONDS", help="crash detection latency")
     p.add_argument("--hang-timeout", type=float, default=600.0, metavar="SECONDS", help="hang detection timeout")
-    p.add_argument("--sdc-check-hours", type=float, default=24.0, help="interval of silent-corruption checks")
+    p.add_argument("--sdc-check-hours", type=float, default=1.0, help="interval of silent-corruption checks")
     p.add_argument("--spares", type=int, default=None, help="hot spare nodes (default: replacements always ready)")
     p.add_argument("--straggler-per-day", type=float, default=0.0, help="straggler episodes a day (default 0)")
     p.add_argument("--straggler-slowdown", type=float, default=1.1, help="step-time factor of a straggler")

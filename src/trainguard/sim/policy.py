@@ -48,7 +48,7 @@ class PolicyConfig:
     """Detection latency of crashes (a process exits, peers see a remote error)."""
     hang_timeout_seconds: float = 600.0
     """Detection latency of hangs: the watchdog timeout."""
-    sdc_check_seconds: float = 86400.0
+    sdc_check_seconds: float = 3600.0
     """Interval of silent-data-corruption checks; detection latency is uniform up to it."""
     spares: int | None = None
     """Hot spare nodes; None = the scheduler always has a replacement node at once."""
