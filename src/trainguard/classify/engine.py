@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainguard.classify.rules import RuleSet
@@ -92,10 +92,13 @@ class _Candidate:
 
 
 def _candidates(acc: Accumulator, rules: RuleSet, verdict: str | None) -> list[_Candidate]:
+    yields = {r.id: r.yields_to for r in rules.rules if r.yields_to}
+    own = {h.category for hits in acc.hits.values() for h in hits if h.rule not in yields}
     by_cat: dict[str, list[Hit]] = {}
     for hits in acc.hits.values():
         for h in hits:
-            by_cat.setdefault(h.category, []).append(h)
+            target = next((c for c in yields.get(h.rule, ()) if c in own), h.category)
+            by_cat.setdefault(target, []).append(h if target == h.category else replace(h, category=target))
     out: list[_Candidate] = []
     for cat, hits in by_cat.items():
         hits.sort(key=lambda h: (-h.confidence, h.order))

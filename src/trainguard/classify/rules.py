@@ -39,6 +39,9 @@ class Rule:
     """A line that also matches this is not evidence for this rule."""
     ignore_case: bool = False
     explain: str = ""
+    yields_to: tuple[str, ...] = ()
+    """Categories this rule's lines support instead when they have evidence of their own (a generic
+    CUDA ECC message supports an SRAM XID rather than competing with it)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,9 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
     if not isinstance(keywords, list) or not all(isinstance(k, str) and k for k in keywords):
         raise _fail(where, "keywords must be a list of non-empty strings")
     unless = d.get("unless")
+    yields_to = d.get("yields_to", [])
+    if not isinstance(yields_to, list):
+        raise _fail(where, "yields_to must be a list of categories")
     return Rule(
         id=rid,
         category=category,
@@ -145,6 +151,7 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
         unless=_regex(where, unless, ignore_case) if unless is not None else None,
         ignore_case=ignore_case,
         explain=str(d.get("explain", "")),
+        yields_to=tuple(_category(where, c) for c in yields_to),
     )
 
 
