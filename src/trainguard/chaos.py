@@ -1,0 +1,211 @@
+"""Deterministic fault injection: the ``--inject`` grammar and the in-rank injector that fires faults.
+
+Grammar: faults separated by ``;``, each ``KIND@key=value,...`` (``KIND`` alone is allowed for kinds
+with no required keys), e.g. ``crash@step=30,rank=1;hang@step=60,rank=2;slow@step=0,rank=3,factor=1.3``.
+A fault fires once per run: a marker file ``<run_dir>/chaos/fired-<index>`` is written just before it
+fires, so a restart that re-executes the step does not fire it again. ``attempt=K`` restricts a fault
+to attempt K. Node-level faults (``unhealthy@node=N``) are applied by the supervisor, not by ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+RANK_KINDS = ("crash", "exit", "hang", "hang-in-collective", "slow", "desync")
+"""Faults fired inside a rank at the start of a step."""
+NODE_KINDS = ("unhealthy",)
+"""Faults the node agent applies before a (re)start."""
+
+_COMMON_KEYS = {"attempt"}
+_KEYS: dict[str, tuple[set[str], set[str]]] = {
+    # kind: (required keys, optional keys)
+    "crash": ({"step"}, {"rank"}),
+    "exit": ({"step"}, {"rank", "code"}),
+    "hang": ({"step"}, {"rank"}),
+    "hang-in-collective": ({"step"}, {"rank"}),
+    "slow": ({"step"}, {"rank", "factor"}),
+    "desync": ({"step"}, {"rank"}),
+    "unhealthy": ({"node"}, set()),
+}
+_INT_KEYS = {"step", "rank", "code", "attempt"}
+_FLOAT_KEYS = {"factor"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of a schedule."""
+
+    index: int
+    """Position in the spec (names the fired-marker file)."""
+    kind: str
+    step: int | None = None
+    """Step at whose start the fault fires (step 1 is the first)."""
+    rank: int | None = None
+    """Rank that misbehaves (default 0)."""
+    node: str | None = None
+    """Node id for node-level faults."""
+    attempt: int | None = None
+    """Only in this attempt; None = the first attempt in which it applies."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific values: ``code`` (exit), ``factor`` (slow)."""
+
+    def to_spec(self) -> str:
+        keys: dict[str, Any] = {}
+        for name in ("step", "rank", "node", "attempt"):
+            value = getattr(self, name)
+            if value is not None:
+                keys[name] = value
+        keys.update(self.params)
+        body = ",".join(f"{k}={v}" for k, v in keys.items())
+        return f"{self.kind}@{body}" if body else self.kind
+
+
+def parse_spec(spec: str | None) -> list[Fault]:
+    """Parse an ``--inject`` spec. ``None``, ``""`` and ``"none"`` mean no faults.
+
+    Raises `UsageError` naming the bad part for anything outside the grammar.
+    """
+    if spec is None or spec.strip().lower() in ("", "none"):
+        return []
+    faults: list[Fault] = []
+    for index, part in enumerate(p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        kind, _, body = part.partition("@")
+        kind = kind.strip().lower()
+        if kind not in _KEYS:
+            known = ", ".join(sorted(_KEYS))
+            raise UsageError(f"--inject: unknown fault kind {kind!r} in {part!r} (known: {known})")
+        required, optional = _KEYS[kind]
+        values: dict[str, Any] = {}
+        for item in (i.strip() for i in body.split(",")) if body.strip() else ():
+            key, eq, raw = item.partition("=")
+            key, raw = key.strip().lower(), raw.strip()
+            if not eq or not key or not raw:
+                raise UsageError(f"--inject: expected key=value, got {item!r} in {part!r}")
+            if key not in required | optional | _COMMON_KEYS:
+                raise UsageError(f"--inject: {kind} takes no key {key!r} (in {part!r})")
+            if key in values:
+                raise UsageError(f"--inject: key {key!r} given twice in {part!r}")
+            values[key] = _convert(key, raw, part)
+        missing = required - values.keys()
+        if missing:
+            raise UsageError(f"--inject: {kind} needs {', '.join(sorted(missing))} (in {part!r})")
+        if kind == "slow" and values.get("factor", 2.0) < 1.0:
+            raise UsageError(f"--inject: slow factor must be >= 1 (in {part!r})")
+        params: dict[str, Any] = {k: values.pop(k) for k in ("code", "factor") if k in values}
+        faults.append(Fault(index=index, kind=kind, params=params, **values))
+    return faults
+
+
+def _convert(key: str, raw: str, part: str) -> Any:
+    try:
+        if key in _INT_KEYS:
+            value: Any = int(raw)
+            if value < 0:
+                raise ValueError
+            return value
+        if key in _FLOAT_KEYS:
+            value = float(raw)
+            if not value == value or value in (float("inf"),):
+                raise ValueError
+            return value
+    except ValueError:
+        kind = "a non-negative integer" if key in _INT_KEYS else "a number"
+        raise UsageError(f"--inject: {key} must be {kind}, got {raw!r} (in {part!r})") from None
+    return raw
+
+
+def format_spec(faults: list[Fault]) -> str:
+    return ";".join(f.to_spec() for f in faults) or "none"
+
+
+class Injector:
+    """Fires this rank's faults at step starts. Created by `trainguard.worker` from the environment."""
+
+    def __init__(
+        self,
+        faults: list[Fault],
+        *,
+        rank: int,
+        attempt: int,
+        marker_dir: Path,
+        record: Callable[[Fault, int], None] | None = None,
+        chaos_group: Any = None,
+    ) -> None:
+        self.rank = rank
+        self.attempt = attempt
+        self.marker_dir = marker_dir
+        self.faults = [f for f in faults if f.kind in RANK_KINDS and (f.rank or 0) == rank]
+        self._record = record
+        self._chaos_group = chaos_group
+        self._slow_factor: float | None = None
+        self._last_step_seconds = 0.0
+
+    def _claim(self, fault: Fault) -> bool:
+        """True if this fault should fire now; writes its marker so it never fires again."""
+        if fault.attempt is not None and fault.attempt != self.attempt:
+            return False
+        marker = self.marker_dir / f"fired-{fault.index}"
+        if marker.exists():
+            return False
+        try:
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"{fault.to_spec()} attempt={self.attempt} rank={self.rank}\n")
+        except OSError as exc:
+            log.warning("chaos: cannot write marker %s (%s); not firing", marker, exc)
+            return False
+        return True
+
+    def note_step_seconds(self, seconds: float) -> None:
+        self._last_step_seconds = seconds
+
+    def on_step_start(self, step: int) -> None:
+        if self._slow_factor is not None and self._last_step_seconds > 0:
+            time.sleep(self._last_step_seconds * (self._slow_factor - 1.0) / self._slow_factor)
+        for fault in self.faults:
+            if fault.step is not None and step >= fault.step and self._claim(fault):
+                self._fire(fault, step)
+
+    def _fire(self, fault: Fault, step: int) -> None:
+        log.warning("chaos: firing %s at step %d on rank %d", fault.to_spec(), step, self.rank)
+        if self._record is not None:
+            self._record(fault, step)
+        if fault.kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "exit":
+            os._exit(int(fault.params.get("code", 1)))
+        elif fault.kind == "slow":
+            self._slow_factor = float(fault.params.get("factor", 2.0))
+        elif fault.kind == "hang":
+            # Skip this step's collectives: the other ranks block in them.
+            while True:
+                time.sleep(3600)
+        elif fault.kind in ("hang-in-collective", "desync"):
+            import torch
+            import torch.distributed as dist
+
+            if fault.kind == "hang-in-collective" and self._chaos_group is not None:
+                # Blocks inside a collective that no other rank ever joins.
+                dist.all_reduce(torch.zeros(1), group=self._chaos_group)
+            else:
+                # A different collective from the one the others issue.
+                dist.broadcast(torch.zeros(3), src=self.rank)
+            while True:
+                time.sleep(3600)
+
+    @staticmethod
+    def needs_chaos_group(faults: list[Fault]) -> bool:
+        """Whether every rank must create the extra group hang-in-collective blocks in."""
+        return any(f.kind == "hang-in-collective" for f in faults)
