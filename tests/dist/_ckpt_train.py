@@ -28,8 +28,17 @@ def free_port() -> int:
 
 
 def launch(
-    tmp: Path, ckpt_dir: Path, *, world: int = 2, steps: int = 8, save_every: int = 2, fault: str = "",
-    fault_step: int = 0, fault_rank: int = 0, timeout_seconds: float = 90.0, tag: str = "run",
+    tmp: Path,
+    ckpt_dir: Path,
+    *,
+    world: int = 2,
+    steps: int = 8,
+    save_every: int = 2,
+    fault: str = "",
+    fault_step: int = 0,
+    fault_rank: int = 0,
+    timeout_seconds: float = 90.0,
+    tag: str = "run",
 ) -> tuple[list[int | None], list[dict]]:
     """Start ``world`` ranks; when one dies the others are killed (like torchrun). Returns (codes, outputs)."""
     port = free_port()
@@ -40,9 +49,24 @@ def launch(
         outs.append(out)
         log = (tmp / f"{tag}-rank{rank}.log").open("wb")
         cmd = [
-            sys.executable, __file__, "--rank", str(rank), "--world", str(world), "--port", str(port),
-            "--dir", str(ckpt_dir), "--steps", str(steps), "--save-every", str(save_every), "--out", str(out),
-            "--events", str(tmp / f"{tag}-events-rank{rank}.jsonl"),
+            sys.executable,
+            __file__,
+            "--rank",
+            str(rank),
+            "--world",
+            str(world),
+            "--port",
+            str(port),
+            "--dir",
+            str(ckpt_dir),
+            "--steps",
+            str(steps),
+            "--save-every",
+            str(save_every),
+            "--out",
+            str(out),
+            "--events",
+            str(tmp / f"{tag}-events-rank{rank}.jsonl"),
         ]
         if fault:
             cmd += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank)]
@@ -77,13 +101,16 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from trainguard.checkpoint import CheckpointError, Checkpointer, IntervalPolicy, WriteHooks
+    from trainguard.checkpoint import Checkpointer, CheckpointError, IntervalPolicy, WriteHooks
     from trainguard.eventlog import EventWriter
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=args.rank,
+        world_size=args.world,
         timeout=timedelta(seconds=60),
     )
     mine = args.fault and args.rank == (0 if args.fault == "kill-commit" else args.fault_rank)
@@ -111,8 +138,12 @@ def main() -> int:
     hooks = StepFaults()
     events = EventWriter(args.events) if args.events else None
     ckpt = Checkpointer(
-        args.dir, events=events, keep_last=10, interval=IntervalPolicy.every_steps(args.save_every),
-        hooks=hooks if mine else None, timeout_seconds=30,
+        args.dir,
+        events=events,
+        keep_last=10,
+        interval=IntervalPolicy.every_steps(args.save_every),
+        hooks=hooks if mine else None,
+        timeout_seconds=30,
     )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -123,7 +154,9 @@ def main() -> int:
 
     def snapshot(step: int) -> dict:
         return {
-            "model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+            "model": model.state_dict(),
+            "optim": opt.state_dict(),
+            "step": step,
             "rank_local": {"rng": gen.get_state(), "position": step},
         }
 

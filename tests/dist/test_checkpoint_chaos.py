@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ckpt_train import launch  # noqa: E402
+from _ckpt_train import launch
 
-from trainguard.checkpoint import latest_step  # noqa: E402
-from trainguard.eventlog import read_events  # noqa: E402
-from trainguard.events import CheckpointLoaded, CheckpointRejected, CheckpointSaveFinished  # noqa: E402
+from trainguard.checkpoint import latest_step
+from trainguard.eventlog import read_events
+from trainguard.events import CheckpointLoaded, CheckpointRejected, CheckpointSaveFinished
 
 STEPS = 8
 
@@ -84,7 +84,8 @@ def test_full_disk_during_a_save_surfaces_and_resumes(tmp_path: Path, reference:
     for r in results:
         assert "checkpoint of step 6 failed" in r["error"] and "No space left on device" in r["error"]
     for rank in (0, 1):
-        finished = [e for e in read_events(tmp_path / f"fault-events-rank{rank}.jsonl") if isinstance(e, CheckpointSaveFinished)]
+        records = read_events(tmp_path / f"fault-events-rank{rank}.jsonl")
+        finished = [e for e in records if isinstance(e, CheckpointSaveFinished)]
         assert [(e.step, e.ok) for e in finished] == [(2, True), (4, True), (6, False)]
         assert "No space left on device" in finished[-1].error
     assert latest_step(ckpt) == 4 and not list(ckpt.glob(".staging-*"))
