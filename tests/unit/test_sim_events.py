@@ -85,3 +85,18 @@ def test_small_job_lists_hosts_and_writes_no_duplicate_run(tmp_path: Path) -> No
     records = [e.record for e in RunDir(written.path).load()]
     attempts = [r for r in records if type(r).__name__ == "AttemptStarted"]
     assert all(len(a.hosts) == 8 for a in attempts)
+
+
+def test_power_series_of_the_trial(llama_trial) -> None:
+    from trainguard.sim.power import PowerModel
+
+    path, written, _ = llama_trial
+    rows = [line.split(",") for line in (path / "sim" / "power.csv").read_text().splitlines()[1:]]
+    times = [float(t) for t, _ in rows]
+    levels = {round(float(mw), 6) for _, mw in rows}
+    assert times == sorted(times) and times[0] == 0.0
+    p = PowerModel()
+    expected = {round(16384 * watts / 1e6, 6) for watts in
+                (p.step_average_watts, p.collective_wait_watts, p.checkpointing_watts, p.restarting_watts)}
+    assert levels <= expected and len(levels) >= 3
+    assert written.power_swing_mw == pytest.approx(16384 * (p.step_average_watts - p.restarting_watts) / 1e6)

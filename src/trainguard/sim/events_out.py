@@ -34,6 +34,7 @@ from trainguard.rundir import RunDir
 from trainguard.sim.engine import account, planned_column, sample
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds, validate
+from trainguard.sim.power import PowerModel, draw_series, largest_swing
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,15 @@ class TrialWritten:
     productive_seconds: float
     interruptions: int
     records: int
+    power_csv: Path
+    """Cluster draw over time (GPU boards): ``time_seconds,megawatts`` at every change."""
+    power_swing_mw: float
+    """Largest step change in that series."""
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "ettr": self.ettr, "productive_seconds": self.productive_seconds,
-                "interruptions": self.interruptions, "records": self.records}
+                "interruptions": self.interruptions, "records": self.records,
+                "power_csv": str(self.power_csv), "power_swing_mw": self.power_swing_mw}
 
 
 class _Nodes:
@@ -83,7 +89,7 @@ class _Nodes:
 
 
 def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, policy: PolicyConfig, *,
-                seed: int = 0, run_id: str | None = None) -> TrialWritten:
+                seed: int = 0, run_id: str | None = None, power: PowerModel | None = None) -> TrialWritten:
     """Simulate one trial with ``seed`` and write it as a run directory at ``directory``."""
     validate(job, policy, 1)
     rng = np.random.default_rng(seed)
@@ -100,6 +106,7 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
     nodes = _Nodes(math.ceil(job.gpus / model.gpus_per_node), np.random.default_rng(seed + 1))
     list_hosts = len(nodes.active) <= MAX_LISTED_HOSTS
     out: list[Event] = []
+    states: list[tuple[float, str]] = []
     t0 = START_TIME
     horizon = job.days * 86400.0
     out.append(RunStarted(time=t0, host=HOST, run_id=run_id, world_size=job.gpus, nnodes=len(nodes.active),
@@ -118,6 +125,9 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
         det, rst, sup, rsto = (float(seg[k][e]) for k in ("detection", "restart", "startup", "restore"))
         if seg["has_prev"][e]:
             p = int(seg["prev"][e])
+            kind = _detection_state(model, int(smp.cat[p]))
+            states.append((start, kind))
+            states.append((start + det, "restarting"))
             attempt = _close_attempt(out, t0, start, det, p, smp, model, attempt, next_step - 1, nodes)
             t_start = start + det + rst
             hosts = tuple(nodes.active) if list_hosts else ()
@@ -130,7 +140,9 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
         else:
             hosts = tuple(nodes.active) if list_hosts else ()
             out.append(AttemptStarted(time=t0, host=HOST, attempt=0, world_size=job.gpus, hosts=hosts))
+            states.append((start, "restarting"))
         t = start + det + rst + sup + rsto
+        states.append((t, "computing"))
         running = float(seg["running"][e])
         stop = t + running
         # full cycles: tau of training, then a save stalling w, durable a later
@@ -139,6 +151,8 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
                                 last_step=next_step + tau_steps - 1, duration_seconds=tau))
             next_step += tau_steps
             s0 = t + tau
+            states.append((s0, "checkpointing"))
+            states.append((s0 + w, "computing"))
             out.append(CheckpointSaveStarted(time=t0 + s0, host=HOST, attempt=attempt, rank=0, step=next_step - 1))
             durable = s0 + w + a <= stop + 1e-6 or (s0 + w + a <= end + 1e-6 and not _is_failure(seg, e))
             done = s0 + w + a if durable else end
@@ -156,12 +170,14 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
             next_step += k
         if rem > tau + 1e-9:  # a save cut short by the interruption
             s0 = t + tau
+            states.append((s0, "checkpointing"))
             out.append(CheckpointSaveStarted(time=t0 + s0, host=HOST, attempt=attempt, rank=0, step=next_step - 1))
             out.append(CheckpointSaveFinished(time=t0 + stop, host=HOST, attempt=attempt, rank=0, step=next_step - 1,
                                               blocking_seconds=stop - s0, total_seconds=stop - s0, ok=False,
                                               error="interrupted"))
         fs = float(seg["final_save"][e])
         if fs > 0:  # planned stop: save everything first
+            states.append((stop, "checkpointing"))
             out.append(CheckpointSaveStarted(time=t0 + stop, host=HOST, attempt=attempt, rank=0, step=next_step - 1))
             out.append(CheckpointSaveFinished(time=t0 + stop + fs, host=HOST, attempt=attempt, rank=0,
                                               step=next_step - 1, blocking_seconds=fs, total_seconds=fs))
@@ -171,9 +187,22 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
                         reason="end of the simulated horizon", completed_steps=next_step - 1))
     with rundir.writer("agent-sim") as writer:
         writer.write_all(out)
+    series = draw_series(states, power or PowerModel(), job.gpus)
+    power_csv = rundir.root / "sim" / "power.csv"
+    power_csv.parent.mkdir(exist_ok=True)
+    power_csv.write_text("time_seconds,megawatts\n" + "".join(f"{t:.3f},{mw:.6f}\n" for t, mw in series))
     productive = float(acc.productive[0])
     return TrialWritten(path=rundir.root, ettr=productive / horizon, productive_seconds=productive,
-                        interruptions=n, records=len(out))
+                        interruptions=n, records=len(out), power_csv=power_csv,
+                        power_swing_mw=largest_swing(series))
+
+
+def _detection_state(model: FailureModel, cat: int) -> str:
+    """What the GPUs do between a failure's onset and its detection."""
+    if cat == len(model.categories):
+        return "restarting"
+    detection = model.categories[cat].detection
+    return {"crash": "restarting", "hang": "waiting", "sdc": "computing"}[detection]
 
 
 def _is_failure(seg: dict[str, np.ndarray], e: int) -> bool:

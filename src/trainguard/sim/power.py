@@ -6,6 +6,7 @@ that does not change the swings much. Figures are assumptions documented in docs
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,13 +69,24 @@ def summarize(power: PowerModel, gpus: int, computing_fraction: np.ndarray, chec
     }
 
 
-def draw_series(segments: list[tuple[float, float, str]], power: PowerModel, gpus: int) -> list[tuple[float, float]]:
-    """Cluster draw (time, MW) as a step function from (start, end, state) segments of one trial."""
-    watts = {"computing": power.step_average_watts, "checkpointing": power.checkpointing_watts,
-             "restarting": power.restarting_watts}
+def draw_series(states: list[tuple[float, str]], power: PowerModel, gpus: int) -> list[tuple[float, float]]:
+    """Cluster draw as a step function [(time, MW)] from time-ordered (start, state) marks of one trial.
+
+    States: ``computing`` (steps, at the step-average draw), ``waiting`` (hung in a collective),
+    ``checkpointing`` and ``restarting`` (idle). Marks at the same time keep only the last one.
+    """
+    watts = {"computing": power.step_average_watts, "waiting": power.collective_wait_watts,
+             "checkpointing": power.checkpointing_watts, "restarting": power.restarting_watts}
     out: list[tuple[float, float]] = []
-    for start, _end, state in segments:
+    for start, state in states:
         value = gpus * watts[state] / 1e6
+        while out and out[-1][0] >= start:
+            out.pop()
         if not out or out[-1][1] != value:
             out.append((start, value))
     return out
+
+
+def largest_swing(series: list[tuple[float, float]]) -> float:
+    """Largest step change (MW) between consecutive levels of a draw series."""
+    return max((abs(b[1] - a[1]) for a, b in itertools.pairwise(series)), default=0.0)
