@@ -130,14 +130,13 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
         return (unknown, tier, -c.confidence, c.first)
 
     cands.sort(key=rank)
-    common = {
-        "source": source, "xids": dict(acc.xids), "verdict": verdict, "lines": acc.lines,
-        "truncated_lines": acc.truncated_lines, "files": acc.files, "skipped": tuple(acc.skipped),
-    }
     context_host = acc.context_hosts[0] if acc.context_hosts else None
+    base = Classification(
+        source=source, category=UNKNOWN, group=UNKNOWN, confidence=0.0, host=context_host,
+        explanation="no known failure signature in the input", xids=dict(acc.xids), verdict=verdict,
+        lines=acc.lines, truncated_lines=acc.truncated_lines, files=acc.files, skipped=tuple(acc.skipped))
     if not cands:
-        return Classification(category=UNKNOWN, group=UNKNOWN, confidence=0.0, host=context_host,
-                              explanation="no known failure signature in the input", **common)
+        return base
     win = cands[0]
     rivals = [c for c in cands[1:] if c.category != UNKNOWN]
     confidence = win.confidence
@@ -160,7 +159,8 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
     key = win.hits[0] if win.hits else None
     gpu = next((h.gpu for h in win.hits if h.gpu), None)
     host = (key.host if key and key.host else None) or next((h.host for h in win.hits if h.host), None)
-    return Classification(
+    return replace(
+        base,
         category=win.category,
         group=group_of(win.category),
         confidence=round(confidence, 3),
@@ -169,7 +169,6 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
         gpu=gpu,
         explanation="; ".join(n for n in notes if n),
         alternatives=tuple((c.category, round(c.confidence, 3)) for c in rivals),
-        **common,
     )
 
 

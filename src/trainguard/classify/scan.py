@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, Protocol
 
 from trainguard.classify.rules import RuleSet
 from trainguard.classify.taxonomy import UNKNOWN
@@ -18,6 +18,12 @@ MAX_LINE_BYTES = 64 * 1024
 """Longer lines are cut to this length (the rest of the line is skipped, memory stays bounded)."""
 HITS_PER_RULE = 5
 CONTEXT_HOSTS = 10
+
+
+class Readable(Protocol):
+    """What `Scanner.scan_stream` reads from: a binary file, a GzipFile, a BytesIO."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,26 @@ class Accumulator:
         return self._order
 
 
+def _trie_regex(words: list[bytes]) -> bytes:
+    """One regular expression matching any of ``words``, factored by common prefixes (2-3x faster
+    than a flat alternation in Python's engine)."""
+    root: dict[int, Any] = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[-1] = {}
+
+    def emit(node: dict[int, Any]) -> bytes:
+        alts = [re.escape(bytes([ch])) + emit(sub) for ch, sub in sorted(node.items()) if ch != -1]
+        if not alts:
+            return b""
+        body = alts[0] if len(alts) == 1 and -1 not in node else b"(?:" + b"|".join(alts) + b")"
+        return body + b"?" if -1 in node else body
+
+    return emit(root)
+
+
 def _strip_groups(pattern: str) -> str:
     return re.sub(r"\(\?P<\w+>", "(?:", pattern)
 
@@ -73,16 +99,16 @@ class Scanner:
     def __init__(self, rules: RuleSet, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.rules = rules
         self.max_line_bytes = max_line_bytes
-        parts: list[str] = [re.escape("Xid")]
+        keywords = {"Xid", *rules.source_host_keywords}
+        parts: list[bytes] = []
         for r in rules.rules:
             if r.keywords:
-                parts.extend(re.escape(k) for k in r.keywords)
+                keywords.update(r.keywords)
             else:
                 p = _strip_groups(r.pattern.pattern)
-                parts.append(f"(?i:{p})" if r.ignore_case else f"(?:{p})")
-        parts.extend(re.escape(k) for k in rules.source_host_keywords)
-        unique = sorted(set(parts), key=lambda s: (-len(s), s))
-        self.trigger = re.compile("|".join(unique).encode())
+                parts.append((f"(?i:{p})" if r.ignore_case else f"(?:{p})").encode())
+        parts.insert(0, _trie_regex(sorted(k.encode() for k in keywords)))
+        self.trigger = re.compile(b"|".join(parts))
 
     # -- line level --------------------------------------------------------------------------------
     def match_line(self, text: str, file: str, lineno: int, acc: Accumulator) -> None:
@@ -135,7 +161,7 @@ class Scanner:
                     acc.next_order(), gpu=gpu, host=host))
 
     # -- stream level ------------------------------------------------------------------------------
-    def scan_stream(self, f: BinaryIO, file: str, acc: Accumulator, *, first_line: int = 1) -> None:
+    def scan_stream(self, f: Readable, file: str, acc: Accumulator, *, first_line: int = 1) -> None:
         """Scan a binary stream line by line in blocks; memory stays under a few MiB."""
         base = first_line - 1  # lines fully consumed before ``buf``
         buf = b""

@@ -27,6 +27,13 @@ DEFAULT_MAX_BYTES = 16 << 30
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+def _human(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def _sniff(path: Path) -> bytes:
     try:
         with path.open("rb") as f:
@@ -59,7 +66,7 @@ def check_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     size = path.stat().st_size
     if max_bytes and size > max_bytes:
         raise InputError(
-            f"{path}: file is {size / 2**30:.2f} GiB, over the {max_bytes / 2**30:.2f} GiB limit "
+            f"{path}: file is {_human(size)}, over the {_human(max_bytes)} limit "
             "(raise it with --max-bytes, 0 = no limit)")
     head = _sniff(path)
     if head.startswith(_GZIP_MAGIC):
@@ -87,7 +94,7 @@ def _json_text(value: Any, out: list[str]) -> None:
 
 def _json_lines(path: Path, head: bytes) -> str | None:
     """The decoded text of a JSON file (e.g. a torchelastic error.json), or None for other files."""
-    if path.suffix != ".json" or path.stat().st_size > JSON_MAX_BYTES or not head.lstrip()[:1] in (b"{", b"["):
+    if path.suffix != ".json" or path.stat().st_size > JSON_MAX_BYTES or head.lstrip()[:1] not in (b"{", b"["):
         return None
     try:
         doc = json.loads(path.read_bytes())
@@ -108,7 +115,9 @@ def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = D
         scanner.scan_stream(io.BytesIO(text.encode()), label, acc)
         return
     try:
-        if head and path.open("rb").read(2) == _GZIP_MAGIC:
+        with path.open("rb") as f:
+            gz = f.read(2) == _GZIP_MAGIC
+        if gz:
             with gzip.open(path, "rb") as g:
                 scanner.scan_stream(g, label, acc)
         else:
