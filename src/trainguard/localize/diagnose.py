@@ -54,7 +54,7 @@ def _run_root(p: Path) -> tuple[Path | None, int | None, Path]:
             if d.is_dir() and (m := _ATTEMPT.match(d.name))
         )
         for k, d in reversed(attempts):
-            if find_dump_files(d)[0]:
+            if find_dump_files(d):
                 return p, k, d
         raise InputError(f"{p}: run directory without flight-recorder dumps in diagnostics/attempt-*/")
     m = _ATTEMPT.match(p.name)
@@ -177,13 +177,22 @@ def analyze(
     return report
 
 
-def _read_all(files: dict[int, Path], progress: Callable[[], None] | None) -> Iterable[Dump | FileWarning]:
+def _read_all(files: dict[int, list[Path]], progress: Callable[[], None] | None,
+              ) -> Iterable[Dump | FileWarning]:
+    """Each rank's first candidate file that reads as a dump; a warning per rejected candidate."""
     for rank in sorted(files):
-        p = files[rank]
-        try:
-            yield read_dump(p, rank)
-        except DumpError as exc:
-            yield FileWarning(p.name, str(exc))
+        failed: list[FileWarning] = []
+        dump: Dump | None = None
+        for p in files[rank]:
+            try:
+                dump = read_dump(p, rank)
+                break
+            except DumpError as exc:
+                failed.append(FileWarning(p.name, str(exc)))
+        # rejected files are worth a warning only when they were meant as dumps
+        yield from (w for w in failed if dump is None or w.file.endswith((".pkl", ".pickle", ".json")))
+        if dump is not None:
+            yield dump
         if progress is not None:
             progress()
 
@@ -209,14 +218,13 @@ def diagnose_path(
         rank = rank_from_name(p.name)
         if rank is None:
             raise InputError(f"{p}: no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
-        files, directory, root, attempt = {rank: p}, p.parent, None, None
+        files, directory, root, attempt = {rank: [p]}, p.parent, None, None
     else:
         root, attempt, directory = _run_root(p)
         try:
-            files, dup = find_dump_files(directory)
+            files = find_dump_files(directory)
         except OSError as exc:
             raise InputError(f"{directory}: cannot list: {exc.strerror or exc}") from None
-        warnings.extend(FileWarning(n, m) for n, m in dup)
         if not files:
             raise InputError(f"{directory}: no flight-recorder dumps (expected files named <prefix><rank>, "
                              "e.g. fr_trace_rank_0.pkl)")

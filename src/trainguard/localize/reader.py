@@ -197,24 +197,28 @@ def read_dump(path: Path, rank: int | None = None) -> Dump:
     return decode_dump(data, rank, path)
 
 
-def find_dump_files(directory: Path) -> tuple[dict[int, Path], list[tuple[str, str]]]:
-    """Rank -> file for every candidate dump in ``directory``, and per-file warnings (name, message).
+def _preference(p: Path) -> tuple[int, int, str]:
+    ext = {".pkl": 0, ".pickle": 0, "": 1, ".json": 2}.get(p.suffix if p.suffix in (".pkl", ".pickle", ".json")
+                                                          else "", 1)
+    name = p.name.lower()
+    traced = 0 if ("trace" in name or "fr" in name or "nccl" in name or "dump" in name) else 1
+    return (traced, ext, p.name)
 
-    When one rank has several files (a pickle and its JSON twin) the pickle wins: it carries frames.
+
+def find_dump_files(directory: Path) -> dict[int, list[Path]]:
+    """Rank -> candidate dump files in ``directory``, best first.
+
+    Several files can carry one rank's number (a pickle and its JSON twin, unrelated numbered files);
+    the reader tries them in order: names that look like traces first, then pickles (they carry
+    frames), then files without suffix, then JSON.
     """
-    chosen: dict[int, Path] = {}
-    warnings: list[tuple[str, str]] = []
+    found: dict[int, list[Path]] = {}
     for p in sorted(directory.iterdir()):
         if not p.is_file():
             continue
         rank = rank_from_name(p.name)
-        if rank is None:
-            continue
-        old = chosen.get(rank)
-        if old is None:
-            chosen[rank] = p
-            continue
-        keep, drop = (p, old) if old.suffix == ".json" and p.suffix != ".json" else (old, p)
-        chosen[rank] = keep
-        warnings.append((drop.name, f"second file for rank {rank}; using {keep.name}"))
-    return chosen, warnings
+        if rank is not None:
+            found.setdefault(rank, []).append(p)
+    for paths in found.values():
+        paths.sort(key=_preference)
+    return found

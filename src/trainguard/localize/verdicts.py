@@ -143,8 +143,9 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "
                     f"(collective sequence number {top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
                     f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
-                    f"{lag}). They are the culprits: find out what they are doing instead "
-                    "(their stacks show it).")
+                    f"{lag}). " + ("They are the culprits: their stacks show what they do instead."
+                                   if len(behind) > 1 else
+                                   "It is the culprit: its stack shows what it does instead."))
             if missing:
                 text += f" Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump."
             verdict, conf = "hang", 0.9

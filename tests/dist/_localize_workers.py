@@ -1,0 +1,107 @@
+"""Worker script for the localization tests: a real gloo job with one planted fault, dumping its recorder.
+
+Run as ``python _localize_workers.py SCENARIO WORLD OUTDIR RANK``. Rank 0 opens a TCPStore on an
+OS-chosen port and writes it to OUTDIR/port. Each rank dumps its flight recorder from a background
+thread one second after reaching the faulty step (the main thread may be blocked in a collective),
+to OUTDIR/fr_trace_rank_<r>.pkl, then writes OUTDIR/done_<r>. The test kills the processes.
+Scenarios: skip, desync, size, die, subgroup (see SCENARIOS in test_localize_real_dumps.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+
+def _port(out: Path, rank: int, world: int) -> tuple[object, int]:
+    import torch.distributed as dist
+
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timedelta(seconds=60),
+                                wait_for_workers=False)
+        tmp = out / "port.tmp"
+        tmp.write_text(str(store.port))
+        tmp.rename(out / "port")
+        return store, store.port
+    deadline = time.monotonic() + 60
+    while not (out / "port").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("no port file")
+        time.sleep(0.05)
+    port = int((out / "port").read_text())
+    return dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=60)), port
+
+
+def _dump(path: Path) -> None:
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    data = _dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.rename(path)
+
+
+def main() -> None:
+    scenario, world, out, rank = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    import torch
+    import torch.distributed as dist
+
+    store, _ = _port(out, rank, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=20))
+    mine = None
+    if world >= 4:
+        g01 = dist.new_group([0, 1])
+        g23 = dist.new_group([2, 3])
+        mine = g01 if rank < 2 else g23
+    final = threading.Event()
+
+    def dumper() -> None:
+        final.wait()
+        time.sleep(1.0)
+        _dump(out / f"fr_trace_rank_{rank}.pkl")
+        (out / f"ready_rank_{rank}.flag").write_text("ok")
+
+    threading.Thread(target=dumper, daemon=True).start()
+    t = torch.ones(4)
+    steps = 4
+    try:
+        for step in range(1, steps + 1):
+            if step == 2:
+                # A healthy snapshot (also warms up the first, slow, dump with stack traces).
+                (out / "healthy").mkdir(exist_ok=True)
+                _dump(out / "healthy" / f"fr_trace_rank_{rank}.pkl")
+            fault_step = 4 if scenario == "skip" else 3
+            if step == fault_step:
+                final.set()
+            if scenario == "subgroup":
+                if step <= 2:
+                    dist.all_reduce(t)
+                if step == 3 and rank == 3:
+                    time.sleep(3600)  # stuck in compute: never enters the sub-group collective
+                dist.all_reduce(t, group=mine)
+                continue
+            if scenario == "skip" and rank == 1 and step == 2:
+                continue  # skips one all_reduce, carries on
+            if step == 3 and rank == 1:
+                if scenario == "desync":
+                    dist.broadcast(t, src=0)
+                    continue
+                if scenario == "size":
+                    dist.all_reduce(torch.ones(400))
+                    continue
+                if scenario == "die":
+                    os._exit(17)
+            dist.all_reduce(t)
+    except Exception as exc:  # the peers of a fault see gloo errors: dump anyway
+        print(f"rank {rank}: {exc.__class__.__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
+    final.set()
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

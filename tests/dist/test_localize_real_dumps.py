@@ -1,0 +1,98 @@
+"""Localization on real flight-recorder dumps from real multi-process gloo jobs with planted faults."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.localize import diagnose_path
+
+WORKER = Path(__file__).with_name("_localize_workers.py")
+pytestmark = pytest.mark.slow
+
+
+def run_job(out: Path, scenario: str, world: int, *, dead: tuple[int, ...] = (), timeout: float = 50) -> Path:
+    """Start ``world`` gloo ranks, wait until every rank that can dump has dumped, kill them all."""
+    out.mkdir(parents=True, exist_ok=True)
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), scenario, str(world), str(out), str(r)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for r in range(world)
+    ]
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pending = [r for r in range(world) if not (out / f"ready_rank_{r}.flag").exists()]
+            # a rank that exited (died on purpose or aborted by gloo) will never dump
+            pending = [r for r in pending if procs[r].poll() is None]
+            if not pending:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"{scenario}: ranks did not dump in time")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait(timeout=10)
+    for r in dead:
+        assert not (out / f"fr_trace_rank_{r}.pkl").exists()
+    return out
+
+
+def test_skipped_collective_is_a_hang_and_earlier_snapshot_is_healthy(tmp_path: Path) -> None:
+    out = run_job(tmp_path / "skip", "skip", 3)
+    healthy = diagnose_path(out / "healthy")
+    assert healthy.verdict == "healthy", healthy.explanation
+    assert healthy.culprit_ranks == () and healthy.problems == ()
+    rep = diagnose_path(out, {0: "node-a", 1: "node-b", 2: "node-a"})
+    assert rep.verdict == "hang", rep.explanation
+    assert rep.culprit_ranks == (1,)
+    assert rep.culprit_hosts == ("node-b",)
+    assert rep.process_group == "0" and rep.collective_seq == 4 and rep.op == "all_reduce"
+    assert rep.problems[0].waiting_ranks == (0, 2)
+
+
+def test_different_collective_is_a_desync(tmp_path: Path) -> None:
+    rep = diagnose_path(run_job(tmp_path, "desync", 3))
+    assert rep.verdict == "desync", rep.explanation
+    assert rep.culprit_ranks == (1,)
+    assert rep.collective_seq == 3 and rep.op == "all_reduce"
+    ops = {e.rank: e.op for e in rep.problems[0].evidence}
+    assert ops[1] == "broadcast"
+
+
+def test_size_mismatch_is_the_verdict_even_when_receivers_abort(tmp_path: Path) -> None:
+    out = run_job(tmp_path, "size", 4)
+    rep = diagnose_path(out)
+    assert rep.verdict == "mismatch", rep.explanation
+    assert rep.culprit_ranks == (1,)
+    assert rep.collective_seq == 3
+    missing = {r for r in range(4) if not (out / f"fr_trace_rank_{r}.pkl").exists()}
+    assert set(rep.problems[0].consequence_ranks) == missing
+    assert all(p.verdict != "crash" for p in rep.problems)
+
+
+def test_dead_rank_is_a_crash(tmp_path: Path) -> None:
+    rep = diagnose_path(run_job(tmp_path, "die", 3, dead=(1,)))
+    assert rep.verdict == "crash", rep.explanation
+    assert rep.culprit_ranks == (1,)
+    assert rep.missing_ranks == (1,)
+    assert rep.collective_seq == 3
+
+
+def test_hang_inside_a_subgroup_while_other_groups_are_healthy(tmp_path: Path) -> None:
+    rep = diagnose_path(run_job(tmp_path, "subgroup", 4))
+    assert rep.verdict == "hang", rep.explanation
+    assert rep.culprit_ranks == (3,)
+    assert len(rep.problems) == 1
+    prob = rep.problems[0]
+    assert prob.waiting_ranks == (2,)
+    assert set(prob.group_ranks) == {2, 3}
+    assert prob.process_group != "0"
