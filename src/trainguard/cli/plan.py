@@ -109,7 +109,8 @@ def _render(doc: dict[str, Any]) -> str:
         lines.append(f"calibrated from {doc['calibration']['run']}: step {c['step_seconds']:.2f} s, "
                      f"stall {c['checkpoint_stall_seconds']:.1f} s, restart {c['restart_overhead_seconds']:.0f} s")
     lines += [
-        f"mean time between interruptions {iv['mtbi_hours']:.2f} h",
+        f"mean time between unexpected failures {iv['mttf_hours']:.2f} h, "
+        f"between all interruptions {iv['mtbi_hours']:.2f} h",
         f"checkpoint interval: best simulated {iv['best_minutes']:.1f} min (ETTR {iv['best_ettr']:.4f}); "
         f"Young {iv['young_minutes']:.1f}, Daly {iv['daly_minutes']:.1f}, "
         f"Meta-approximation optimum {iv['meta_optimal_minutes']:.1f} min",

@@ -41,7 +41,8 @@ def best_interval(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, 
                   seed: int = 0) -> dict[str, Any]:
     """Simulated ETTR over intervals around Young's, next to Young, Daly and Meta's approximation."""
     rate = _rate(model, job)
-    mtbf = math.inf if rate <= 0 else 1.0 / rate
+    # Young and Daly use the unexpected failures only: planned stops save first and lose no work.
+    mtbf = 3600.0 * model.job_mttf_hours(job.gpus)
     cost = max(policy.checkpoint_stall_seconds, job.step_seconds)
     young = young_seconds(cost, mtbf) if math.isfinite(mtbf) else 86400.0
     daly = daly_seconds(cost, mtbf) if math.isfinite(mtbf) else 86400.0
@@ -63,7 +64,8 @@ def best_interval(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, 
         "meta_optimal_minutes": meta_best / 60.0,
         "best_minutes": best["minutes"],
         "best_ettr": best["ettr_mean"],
-        "mtbi_hours": mtbf / 3600.0,
+        "mttf_hours": mtbf / 3600.0,
+        "mtbi_hours": math.inf if rate <= 0 else 1.0 / rate / 3600.0,
         "u0_seconds": u0,
         "candidates": rows,
     }

@@ -29,16 +29,17 @@ def mean_detection_seconds(model: FailureModel, policy: PolicyConfig) -> float:
 def analytic(model: FailureModel, job: JobConfig, policy: PolicyConfig, interval_seconds: float) -> dict[str, Any]:
     """Closed-form figures for the same configuration: Young, Daly, Meta's E[ETTR] approximation."""
     rate = job.gpus * model.rate_per_gpu_hour / 3600.0 + model.planned_per_day / 86400.0
-    mtbf = math.inf if rate <= 0 else 1.0 / rate
-    cost = policy.checkpoint_stall_seconds
+    mtbi = math.inf if rate <= 0 else 1.0 / rate
+    mtbf = 3600.0 * model.job_mttf_hours(job.gpus)  # Young/Daly: unexpected failures (planned stops save first)
+    cost = max(policy.checkpoint_stall_seconds, job.step_seconds)
     u0 = mean_detection_seconds(model, policy) + policy.restart_overhead_seconds
     return {
         "interruptions_per_day": rate * 86400.0,
-        "mtbi_hours": mtbf / 3600.0,
+        "mtbi_hours": mtbi / 3600.0,
         "young_minutes": young_seconds(cost, mtbf) / 60.0 if math.isfinite(mtbf) else None,
         "daly_minutes": daly_seconds(cost, mtbf) / 60.0 if math.isfinite(mtbf) else None,
         "u0_seconds": u0,
-        "meta_ettr": meta_ettr(rate, u0, interval_seconds, cost),
+        "meta_ettr": meta_ettr(rate, u0, interval_seconds, policy.checkpoint_stall_seconds),
     }
 
 
