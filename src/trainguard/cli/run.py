@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "a free port on 127.0.0.1, single node only)")
     parser.add_argument("--rdzv-id", default=None, help="job id shared by all nodes (default: run dir name)")
     parser.add_argument("--node-id", default=None, help="this node's name (default: host name)")
+    parser.add_argument("--rdzv-last-call", type=int, default=2, metavar="SECONDS",
+                        help="with MIN:MAX nodes, how long to wait for more nodes once MIN joined (default 2)")
     parser.add_argument("--no-health-checks", action="store_true", help="skip node health checks")
     add_common(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [args]")
@@ -69,6 +71,8 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
         value = getattr(args, name)
         if not (0 < value < 1e6):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if not (1 <= getattr(args, "rdzv_last_call", 2) <= 3600):
+        raise UsageError("--rdzv-last-call must be between 1 and 3600 seconds")
     if not (1 <= nproc <= 1024):
         raise UsageError("--nproc-per-node must be between 1 and 1024")
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
@@ -92,7 +96,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
                                 first_step_allowance_seconds=args.first_step_allowance,
                                 checkpoint_allowance_seconds=args.checkpoint_allowance),
         chaos=chaos.format_spec(faults) if faults else "", health_checks=health_checks,
-        target_steps=target_steps,
+        target_steps=target_steps, last_call_seconds=int(getattr(args, "rdzv_last_call", 2)),
     )
 
 

@@ -342,13 +342,14 @@ class GuardAgent(LocalElasticAgent):
         loc = evidence.localize(diag, rank_hosts)
         culprits, explanation = evidence.simple_culprits(diag, steps, world)
         verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
-        if loc is not None:
-            # The localization package's verdict goes into the Diagnosis; the failure event keeps the
-            # supervisor's own rule when that rule found a rank behind the others.
+        if loc is not None and (not culprits or sorted(loc["culprit_ranks"]) == culprits):
             verdict_name, diag_culprits = loc["verdict"], loc["culprit_ranks"]
-            diag_explanation = f"{loc['explanation']} (supervisor rule: {explanation})"
-            if not culprits:
-                culprits = diag_culprits
+            diag_explanation = loc["explanation"]
+            culprits = culprits or diag_culprits
+        elif loc is not None:
+            # The supervisor saw a rank stop short of the collective the others wait in; a different
+            # localization finding is kept as context, not as the verdict.
+            diag_explanation = f"{explanation}; localization said {loc['verdict']}: {loc['explanation']}"
         detail = (f"no step completed for {now - verdict.onset:.1f}s (timeout {verdict.timeout_seconds:.1f}s); "
                   f"{explanation}")
         if self._claim_failure():

@@ -1,0 +1,206 @@
+"""``trainguard demo``: the reference GPT under ``trainguard run`` on this machine, with injected faults."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UsageError
+
+HELP = "train a small GPT on this machine through injected crashes and hangs, then show the goodput report"
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_gpt.py"
+"""The reference workload in a source checkout."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainguard.cli.run import add_common
+
+    parser.add_argument("--ranks", type=int, default=4, help="ranks on this machine (default 4)")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
+    parser.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every N steps (default 5)")
+    parser.add_argument("--model", default="d_model=96,layers=2,heads=4,seq=48,batch=8",
+                        help="GPT size as key=value list (default d_model=96,layers=2,heads=4,seq=48,batch=8)")
+    add_common(parser)
+
+
+def default_schedule(ranks: int, steps: int) -> str:
+    """One crash about a third of the way in, one hang about two thirds in, on different ranks."""
+    crash_rank = 1 % ranks
+    hang_rank = 2 % ranks if ranks > 2 else 0
+    return (f"crash@step={max(2, steps * 3 // 10)},rank={crash_rank};"
+            f"hang@step={max(3, steps * 2 // 3)},rank={hang_rank}")
+
+
+def _model_args(text: str) -> list[str]:
+    out: list[str] = []
+    allowed = {"d_model", "layers", "heads", "seq", "batch", "vocab"}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in allowed or not value.isdigit() or not (0 < int(value) <= 4096):
+            raise UsageError(f"--model: expected key=value with keys {sorted(allowed)} and values 1..4096, "
+                             f"got {item!r}")
+        out += [f"--{key.replace('_', '-')}", value]
+    return out
+
+
+class _Watcher(threading.Thread):
+    """Prints progress and failures on stderr while the job runs."""
+
+    def __init__(self, run_dir: Path, node: str, steps: int) -> None:
+        super().__init__(daemon=True, name="demo-progress")
+        self.run_dir, self.node, self.steps = run_dir, node, steps
+        self.stop = threading.Event()
+        self._offset = 0
+        self._last_step = -1
+
+    def _events(self) -> list[dict[str, Any]]:
+        import json
+
+        path = self.run_dir / "events" / f"agent-{self.node}.jsonl"
+        try:
+            with path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+    def _step(self) -> int | None:
+        from trainguard.worker import parse_heartbeat
+
+        dirs = sorted((self.run_dir / "heartbeats" / self.node).glob("attempt-*"),
+                      key=lambda p: int(p.name.split("-")[1]))
+        if not dirs:
+            return None
+        beats = [parse_heartbeat(p.read_bytes()) for p in dirs[-1].glob("rank-*")]
+        steps = [b["step"] for b in beats if b is not None]
+        return min(steps) if steps else None
+
+    def poll(self) -> None:
+        for e in self._events():
+            t = e.get("type")
+            if t == "attempt_started":
+                resume = e.get("resume_step")
+                where = f"from the checkpoint of step {resume}" if resume else "from scratch"
+                print(f"demo: attempt {e['attempt']} started ({e['world_size']} ranks, {where})", file=sys.stderr)
+            elif t == "failure_detected":
+                print(f"demo: {e['kind']} detected after step {e.get('step')} in "
+                      f"{e['detection_latency_seconds']:.2f}s, blamed rank(s) {e.get('ranks')}; "
+                      f"evidence: {len(e.get('evidence', []))} files", file=sys.stderr)
+            elif t == "node_excluded":
+                print(f"demo: node {e['node']} excluded: {e['reason']}", file=sys.stderr)
+        step = self._step()
+        if step is not None and step > self._last_step and (step % 10 == 0 or step == self.steps):
+            self._last_step = step
+            print(f"demo: step {step}/{self.steps}", file=sys.stderr)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(Exception):  # progress display must never break the run
+                self.poll()
+
+
+def final_loss(run_dir: Path, target: int) -> float | None:
+    """Loss of the last execution of the target step on rank 0."""
+    from trainguard.eventlog import iter_events
+    from trainguard.events import StepCompleted
+
+    path = run_dir / "events" / "rank-0.jsonl"
+    loss = None
+    if path.exists():
+        for _, e in iter_events(path):
+            if isinstance(e, StepCompleted) and e.step == target and e.loss is not None:
+                loss = e.loss
+    return loss
+
+
+def verdict_line(i: dict[str, Any]) -> str:
+    ranks = ",".join(str(r) for r in i.get("culprit_ranks") or i.get("ranks") or []) or "?"
+    return (f"  {i['kind']} after step {i.get('step')}: rank {ranks}, detected in "
+            f"{i['detection_latency_seconds']:.2f}s, {i.get('time_lost_seconds', 0):.1f}s lost, "
+            f"category {i.get('category') or 'Unknown'} -> restarted, recovered")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.output import print_json
+    from trainguard.cli.run import build_config
+
+    if not (1 <= args.ranks <= 64):
+        raise UsageError("--ranks must be between 1 and 64")
+    if not (1 <= args.steps <= 1_000_000):
+        raise UsageError("--steps must be between 1 and 1000000")
+    if not (1 <= args.ckpt_every <= 1_000_000):
+        raise UsageError("--ckpt-every must be between 1 and 1000000")
+    if args.seed < 0:
+        raise UsageError("--seed must be >= 0")
+    model = _model_args(args.model)
+    if args.inject is None:
+        args.inject = default_schedule(args.ranks, args.steps)
+    if not EXAMPLE.is_file():
+        from trainguard.errors import InputError
+
+        raise InputError(f"{EXAMPLE}: the reference workload is missing (demo runs from a source checkout)")
+    command = [str(EXAMPLE), "--steps", str(args.steps), "--seed", str(args.seed),
+               "--ckpt-every", str(args.ckpt_every), *model]
+    cfg = build_config(args, command, nproc=args.ranks, nnodes=(1, 1), endpoint="",
+                       node_id=socket.gethostname(), target_steps=args.steps)
+    print(f"demo: {args.ranks} ranks, {args.steps} steps, faults: {cfg.chaos or 'none'}; run dir {cfg.run_dir}",
+          file=sys.stderr)
+    import logging
+
+    from trainguard.launch.supervisor import supervise
+
+    if args.verbose == 0:  # the elastic agent's own warnings would drown the demo's progress lines
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        logging.getLogger("trainguard.launch").setLevel(logging.ERROR)
+    watcher = _Watcher(cfg.run_dir, cfg.node_id, args.steps)
+    watcher.start()
+    t0 = time.time()
+    try:
+        result = supervise(cfg)
+    finally:
+        watcher.stop.set()
+        watcher.join(timeout=2)
+    watcher.poll()
+    wall = time.time() - t0
+    print(f"demo: {result.status} in {wall:.1f}s: {result.reason}", file=sys.stderr)
+    from trainguard.goodput import compute_goodput
+    from trainguard.report.terminal import render_report
+
+    report = compute_goodput(cfg.run_dir)
+    gp = report.to_json()
+    loss = final_loss(cfg.run_dir, args.steps)
+    interruptions = [
+        {"kind": i["kind"], "step": i.get("step"),
+         "detection_latency_seconds": round(float(i["detection_latency_seconds"]), 3),
+         "culprit_ranks": list(i.get("culprit_ranks") or i.get("ranks") or []),
+         "category": i.get("category"), "time_lost_seconds": round(float(i.get("time_lost_seconds", 0)), 3)}
+        for i in gp["interruptions"]
+    ]
+    if args.json:
+        print_json({
+            "run_dir": str(cfg.run_dir), "status": result.status, "exit_code": result.exit_code,
+            "reason": result.reason, "ranks": args.ranks, "seed": args.seed, "inject": cfg.chaos or "none",
+            "completed_steps": result.completed_steps, "target_steps": args.steps,
+            "final_loss": loss if loss is None or math.isfinite(loss) else None,
+            "ettr": round(report.ettr, 4), "wall_seconds": round(wall, 2), "attempts": result.attempts,
+            "interruptions": interruptions,
+        })
+    else:
+        print(render_report(report))
+        print("interruptions:" if interruptions else "interruptions: none")
+        for i in gp["interruptions"]:
+            print(verdict_line(i))
+        print(f"final loss {loss if loss is not None else 'n/a'} after {result.completed_steps}/{args.steps} steps")
+    return int(result.exit_code)

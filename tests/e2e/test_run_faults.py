@@ -1,0 +1,74 @@
+"""`trainguard run` keeps a real 2-rank gloo job training through an injected crash and hang."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, of_type, trainguard
+
+
+@pytest.mark.slow
+def test_crash_and_hang_are_detected_with_evidence_and_the_job_completes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    res = trainguard(
+        "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--hang-floor", "3",
+        "--inject", "crash@step=5,rank=1;hang@step=11,rank=0",
+        "--", str(TRAIN_GPT), "--steps", "16", "--ckpt-every", "3", *TINY,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["status"] == "completed" and out["completed_steps"] == 16
+    records = events(run_dir)
+
+    injected = sorted(of_type(records, "fault_injected"), key=lambda f: f["time"])
+    assert [(f["kind"], f["rank"], f["step"], f["attempt"]) for f in injected] == [
+        ("crash", 1, 5, 0), ("hang", 0, 11, 1)]
+    failures = of_type(records, "failure_detected")
+    assert [(f["kind"], f["attempt"], f["ranks"]) for f in failures] == [("crash", 0, [1]), ("hang", 1, [0])]
+
+    # Hang latency bound: 3 median step times + 5 s.
+    durations = [s["duration_seconds"] for s in of_type(records, "step_completed")]
+    assert failures[1]["detection_latency_seconds"] <= 3 * statistics.median(durations) + 5
+
+    # Evidence of every rank of the hung attempt, gathered before the kill.
+    diag = run_dir / "diagnostics" / "attempt-1"
+    for rank in (0, 1):
+        for name in (f"fr_trace_rank_{rank}.pkl", f"stacks_rank_{rank}.txt", f"log_tail_rank_{rank}.txt"):
+            assert (diag / name).is_file(), name
+            assert f"diagnostics/attempt-1/{name}" in failures[1]["evidence"]
+    dumps = {r: pickle.loads((diag / f"fr_trace_rank_{r}.pkl").read_bytes()) for r in (0, 1)}
+    enq = {r: d["pg_status"]["0"]["last_enqueued_collective"] for r, d in dumps.items()}
+    assert enq[1] == enq[0] + 1  # rank 1 waits in the all-reduce that rank 0 never joined
+    assert "all_reduce" in (diag / "stacks_rank_1.txt").read_text()
+    assert "chaos" in (diag / "stacks_rank_0.txt").read_text()
+
+    attempts = of_type(records, "attempt_started")
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
+    ended = of_type(records, "attempt_ended")
+    assert [e["reason"] for e in ended] == ["failure", "failure", "completed"]
+    run_ended = of_type(records, "run_ended")
+    assert run_ended and run_ended[0]["status"] == "completed" and run_ended[0]["completed_steps"] == 16
+    # Every step 1..16 completed on both ranks in some attempt; the last attempt resumed from a checkpoint.
+    steps = {(s["rank"], s["step"]) for s in of_type(records, "step_completed")}
+    assert steps >= {(r, n) for r in (0, 1) for n in range(1, 17)}
+    assert attempts[2]["resume_step"] is not None
+
+
+@pytest.mark.slow
+def test_restart_budget_spent_stops_with_a_reason(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    res = trainguard(
+        "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--max-restarts", "0",
+        "--inject", "exit@step=3,rank=0,code=7", "--", str(TRAIN_GPT), "--steps", "8", *TINY,
+    )
+    assert res.returncode == 1, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["status"] == "failed" and "restart budget spent" in out["reason"]
+    assert out["failures"][0]["kind"] == "exit" and out["failures"][0]["ranks"] == [0]
+    ended = of_type(events(run_dir), "run_ended")
+    assert ended[0]["status"] == "failed" and ended[0]["exit_code"] == 1
