@@ -43,6 +43,17 @@ def test_simulate_text_and_custom_model(tmp_path: Path) -> None:
     assert "mine: 1,024 GPUs" in r.out and "NIC" in r.out and "ETTR" in r.out
 
 
+def test_auto_interval_and_unwritable_events_dir(tmp_path: Path) -> None:
+    r = trainguard("simulate", "--trials", "20", "--days", "5", "--checkpoint-interval", "auto", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["policy"]["interval"] == "auto"
+    assert 5 < doc["policy"]["checkpoint_interval_minutes"] < 80
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_one_line_error(trainguard("simulate", "--trials", "2", "--days", "1", "--events", str(blocker / "run")), 4)
+
+
 def test_plan_json_and_calibration(tmp_path: Path) -> None:
     run = tmp_path / "simrun"
     assert trainguard("simulate", "--trials", "2", "--days", "3", "--checkpoint-stall", "20",

@@ -21,8 +21,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--step-seconds", type=float, default=10.0, help="time of one training step (default 10)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p = parser.add_argument_group("policy")
-    p.add_argument("--checkpoint-interval", default="young", metavar="MINUTES|young|daly",
-                   help="training time between checkpoints (default young)")
+    p.add_argument("--checkpoint-interval", default="young", metavar="MINUTES|young|daly|auto",
+                   help="training time between checkpoints; auto = best simulated (default young)")
     p.add_argument("--checkpoint-stall", type=float, default=60.0, metavar="SECONDS",
                    help="time training stops for each save (default 60)")
     p.add_argument("--checkpoint-total", type=float, default=None, metavar="SECONDS",
@@ -89,17 +89,21 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import Progress, print_json
     from trainguard.sim.engine import simulate
     from trainguard.sim.events_out import write_trial
+    from trainguard.sim.plan import resolve_auto
     from trainguard.sim.summary import render_text, to_json
 
     model, job, policy = job_from_args(args)
     if args.events:
         _check_events_dir(Path(args.events))
+    policy = resolve_auto(model, job, policy, trials=min(args.trials, 100), seed=args.seed)
     bar = Progress(args.trials, "simulating")
     try:
         result = simulate(model, job, policy, trials=args.trials, seed=args.seed, progress=bar.update)
     finally:
         bar.close()
     doc = to_json(result, seed=args.seed)
+    if args.checkpoint_interval.strip().lower() == "auto":
+        doc["policy"]["interval"] = "auto"
     if args.events:
         written = write_trial(args.events, model, job, policy, seed=args.seed)
         doc["events_trial"] = written.to_json()

@@ -263,7 +263,8 @@ def simulate(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, trial
     tau = checkpoint_interval_seconds(policy, mtbf, job.step_seconds)
     horizon = job.days * 86400.0
     per_trial = job.gpus * model.rate_per_gpu_hour * job.days * 24 + model.planned_per_day * job.days
-    chunk = max(1, min(trials, int(_CHUNK_EVENTS / max(per_trial, 1.0))))
+    # chunks bound memory (~2M interruptions) and give the progress bar about ten updates
+    chunk = max(1, min(math.ceil(trials / 10), int(_CHUNK_EVENTS / max(per_trial, 1.0))))
     seeds = np.random.SeedSequence(seed).spawn(math.ceil(trials / chunk))
     ncol = len(model.categories) + 1
     ettr, counts, comp, ckpt, strag = [], [], [], [], []

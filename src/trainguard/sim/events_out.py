@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.errors import StorageError
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -98,7 +99,10 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
     tau = checkpoint_interval_seconds(policy, mtbf, job.step_seconds)
     acc = account(smp, job, policy, tau, planned_column(model))
     seg = acc.segments
-    rundir = RunDir(directory).create()
+    try:
+        rundir = RunDir(directory).create()
+    except OSError as exc:
+        raise StorageError(f"cannot create run directory {directory}: {exc.strerror or exc}") from None
     run_id = run_id or rundir.run_id
     step_s = job.step_seconds
     tau_steps = round(tau / step_s)
@@ -189,8 +193,7 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
         writer.write_all(out)
     series = draw_series(states, power or PowerModel(), job.gpus)
     power_csv = rundir.root / "sim" / "power.csv"
-    power_csv.parent.mkdir(exist_ok=True)
-    power_csv.write_text("time_seconds,megawatts\n" + "".join(f"{t:.3f},{mw:.6f}\n" for t, mw in series))
+    _write_text(power_csv, "time_seconds,megawatts\n" + "".join(f"{t:.3f},{mw:.6f}\n" for t, mw in series))
     productive = float(acc.productive[0])
     return TrialWritten(path=rundir.root, ettr=productive / horizon, productive_seconds=productive,
                         interruptions=n, records=len(out), power_csv=power_csv,
@@ -203,6 +206,14 @@ def _detection_state(model: FailureModel, cat: int) -> str:
         return "restarting"
     detection = model.categories[cat].detection
     return {"crash": "restarting", "hang": "waiting", "sdc": "computing"}[detection]
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _is_failure(seg: dict[str, np.ndarray], e: int) -> bool:

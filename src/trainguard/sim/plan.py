@@ -140,3 +140,12 @@ def budgets_for_target(model: FailureModel, job: JobConfig, policy: PolicyConfig
         "max_checkpoint_stall_seconds": _max_value(stall_ok, 0.0, 3600.0),
         "at_restart_overhead_seconds": policy.restart_overhead_seconds,
     }
+
+
+def resolve_auto(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, trials: int = 100,
+                 seed: int = 0) -> PolicyConfig:
+    """Replace ``interval = "auto"`` by the interval of best simulated ETTR (other policies unchanged)."""
+    if policy.interval != "auto":
+        return policy
+    best = best_interval(model, job, policy.with_(interval="young"), trials=trials, seed=seed)
+    return policy.with_(interval=str(best["best_minutes"]))

@@ -33,7 +33,9 @@ class PolicyConfig:
     """How the job checkpoints and recovers."""
 
     interval: str = "young"
-    """``young``, ``daly`` or a number of minutes (as text), resolved by `checkpoint_interval_seconds`."""
+    """``young``, ``daly``, ``auto`` or a number of minutes (as text), resolved by
+    `checkpoint_interval_seconds` (``auto`` is resolved by `trainguard.sim.plan.resolve_auto` first;
+    left unresolved it means Young)."""
     checkpoint_stall_seconds: float = 60.0
     """Time training stops for each save (the blocking part; async staging for async saves)."""
     checkpoint_total_seconds: float | None = None
@@ -131,12 +133,14 @@ def meta_ettr(n_rate_per_second: float, u0_seconds: float, interval_seconds: flo
 def parse_interval(text: str) -> str:
     """Validate an interval option: ``young``, ``daly`` or positive minutes."""
     t = text.strip().lower()
-    if t in ("young", "daly"):
+    if t in ("young", "daly", "auto"):
         return t
     try:
         minutes = float(t)
     except ValueError:
-        raise UsageError(f"--checkpoint-interval must be minutes, 'young' or 'daly', not {text!r}") from None
+        raise UsageError(
+            f"--checkpoint-interval must be minutes, 'young', 'daly' or 'auto', not {text!r}"
+        ) from None
     if not (math.isfinite(minutes) and 0 < minutes <= 1e6):
         raise UsageError(f"--checkpoint-interval must be a positive number of minutes, not {text!r}")
     return t
@@ -145,7 +149,7 @@ def parse_interval(text: str) -> str:
 def checkpoint_interval_seconds(policy: PolicyConfig, mtbf_seconds: float, step_seconds: float) -> float:
     """The interval of training time between saves, rounded to whole steps (at least one)."""
     cost = policy.checkpoint_stall_seconds
-    if policy.interval == "young":
+    if policy.interval in ("young", "auto"):
         raw = young_seconds(max(cost, step_seconds), mtbf_seconds)
     elif policy.interval == "daly":
         raw = daly_seconds(max(cost, step_seconds), mtbf_seconds)
