@@ -1,0 +1,57 @@
+"""Node health checks run before every (re)start: host, torch and GPU (NVML) checks with severities.
+
+``high`` failures exclude the node now; ``low`` ones mean drain it later. `run_checks` never raises for
+a failing check: it reports it. See docs/health.md.
+"""
+
+from __future__ import annotations
+
+from trainguard.health.base import (
+    HIGH,
+    LOW,
+    CheckFn,
+    CheckResult,
+    HealthConfig,
+    healthy,
+    run_all,
+)
+from trainguard.health.gpu import GPU_CHECKS, check_gpus
+from trainguard.health.host import (
+    check_checkpoint_dir,
+    check_clock,
+    check_injected,
+    check_memory,
+    check_rdzv,
+    check_run_dir,
+    parse_endpoint,
+)
+
+__all__ = [
+    "GPU_CHECKS",
+    "HIGH",
+    "LOW",
+    "CheckFn",
+    "CheckResult",
+    "HealthConfig",
+    "checks_for",
+    "healthy",
+    "parse_endpoint",
+    "run_checks",
+]
+
+
+def checks_for(config: HealthConfig) -> list[CheckFn]:
+    """The checks `run_checks` runs for ``config``, in order (cheap ones first)."""
+    checks: list[CheckFn] = [check_injected, check_run_dir, check_checkpoint_dir, check_memory, check_clock,
+                             check_rdzv]
+    if config.torch_checks:
+        from trainguard.health.torch_checks import check_torch_collective, check_torch_devices
+
+        checks += [check_torch_devices, check_torch_collective]
+    checks.append(check_gpus)
+    return checks
+
+
+def run_checks(config: HealthConfig) -> list[CheckResult]:
+    """Run every check for ``config``; one result per check (GPU checks skipped without NVML)."""
+    return run_all(config, checks_for(config))

@@ -1,0 +1,119 @@
+"""Host and torch health checks against the real machine: files, sockets, gloo."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from trainguard.health import HIGH, LOW, CheckResult, HealthConfig, healthy, parse_endpoint, run_checks
+from trainguard.health.base import run_all
+from trainguard.health.host import check_checkpoint_dir, check_clock, check_memory, check_rdzv
+
+
+def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:
+    names = [r.name for r in results]
+    assert len(names) == len(set(names)), names
+    return {r.name: r for r in results}
+
+
+def test_healthy_node_passes_and_gpu_checks_are_skipped_without_nvml(tmp_path: Path) -> None:
+    cfg = HealthConfig(node="n0", run_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ckpt", torch_checks=False)
+    res = by_name(run_checks(cfg))
+    assert healthy(res.values())
+    for name in ("injected", "run_dir_writable", "run_dir_space", "checkpoint_dir_writable", "checkpoint_dir_space"):
+        assert res[name].ok and not res[name].skipped and res[name].severity == HIGH
+    assert res["rdzv_reachable"].skipped
+    gpu = [r for r in res.values() if r.name.startswith("gpu_")]
+    assert len(gpu) == 8 and all(r.skipped and r.ok for r in gpu)
+    assert "NVML" in gpu[0].detail or "nvidia-ml-py" in gpu[0].detail
+    assert not (tmp_path / "run").exists(), "checks must not create the directories"
+
+
+def test_injected_flag_fails_high(tmp_path: Path) -> None:
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "unhealthy-node7").touch()
+    res = by_name(run_checks(HealthConfig(node="node7", run_dir=tmp_path, torch_checks=False, gpu_checks=False)))
+    assert not res["injected"].ok and res["injected"].severity == HIGH
+    assert not healthy(res.values())
+    other = by_name(run_checks(HealthConfig(node="node8", run_dir=tmp_path, torch_checks=False, gpu_checks=False)))
+    assert other["injected"].ok
+
+
+def test_unwritable_or_bogus_checkpoint_dirs_fail_high(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for path, text in [(Path("/sys/fs"), "cannot write"), (a_file, "not a directory"),
+                       (a_file / "sub", "cannot write")]:
+        res = by_name(check_checkpoint_dir(HealthConfig(node="n", checkpoint_dir=path)))
+        assert not res["checkpoint_dir_writable"].ok, path
+        assert text in res["checkpoint_dir_writable"].detail
+        assert res["checkpoint_dir_writable"].severity == HIGH
+
+
+def test_disk_space_threshold(tmp_path: Path) -> None:
+    res = by_name(check_checkpoint_dir(HealthConfig(node="n", checkpoint_dir=tmp_path, min_free_bytes=1 << 60)))
+    assert res["checkpoint_dir_writable"].ok
+    assert not res["checkpoint_dir_space"].ok and "GiB free" in res["checkpoint_dir_space"].detail
+
+
+def test_memory_and_clock_report_low_severity() -> None:
+    [m] = check_memory(HealthConfig(node="n"))
+    assert m.ok and m.severity == LOW
+    [m] = check_memory(HealthConfig(node="n", min_available_memory_bytes=1 << 60))
+    assert not m.ok and m.severity == LOW
+    [c] = check_clock(HealthConfig(node="n"))
+    assert c.severity == LOW and c.name == "clock_sync"
+    assert c.skipped or ("synchronized" in c.detail or "error bound" in c.detail)
+
+
+def test_rdzv_reachability_with_real_sockets() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        [ok] = check_rdzv(HealthConfig(node="n", rdzv_endpoint=f"127.0.0.1:{port}"))
+        assert ok.ok and not ok.skipped
+    finally:
+        server.close()
+    [bad] = check_rdzv(HealthConfig(node="n", rdzv_endpoint=f"127.0.0.1:{port}", timeout_seconds=1))
+    assert not bad.ok and bad.severity == HIGH and "cannot connect" in bad.detail
+    [bogus] = check_rdzv(HealthConfig(node="n", rdzv_endpoint="host:notaport"))
+    assert not bogus.ok
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("node1:29500") == ("node1", 29500)
+    assert parse_endpoint("node1") == ("node1", 29400)
+    assert parse_endpoint("[::1]:1234") == ("::1", 1234)
+    for bad in ("", ":80", "h:0", "h:70000", "[::1", "h:x"):
+        with pytest.raises(ValueError):
+            parse_endpoint(bad)
+
+
+def test_a_crashing_check_is_reported_not_raised() -> None:
+    def check_broken(config: HealthConfig) -> list[CheckResult]:
+        raise RuntimeError("boom")
+
+    [r] = run_all(HealthConfig(node="n"), [check_broken])
+    assert (r.name, r.ok, r.severity) == ("broken", False, LOW) and "boom" in r.detail
+
+
+def test_torch_checks_run_a_real_gloo_collective() -> None:
+    start = time.monotonic()
+    res = by_name(run_checks(HealthConfig(node="n", gpu_checks=False)))
+    assert res["torch_devices"].ok and res["torch_collective"].ok
+    assert "all-reduce" in res["torch_collective"].detail
+    assert time.monotonic() - start < 30
+    res = by_name(run_checks(HealthConfig(node="n", gpu_checks=False, expected_gpus=8)))
+    assert not res["torch_devices"].ok  # no CUDA here
+
+
+def test_results_become_events() -> None:
+    r = CheckResult("injected", HIGH, False, "flag")
+    e = r.to_event("node3", attempt=2)
+    assert (e.host, e.name, e.ok, e.attempt, e.severity) == ("node3", "injected", False, 2, HIGH)
+    assert r.to_json() == {"name": "injected", "severity": "high", "ok": False, "detail": "flag", "skipped": False}
