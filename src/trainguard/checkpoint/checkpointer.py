@@ -395,7 +395,7 @@ class Checkpointer:
             if self.hooks is not None:
                 self.hooks.before_commit(staging, step)
             commit(staging, step_dir(self.directory, step))
-        except OSError as exc:
+        except Exception as exc:  # ENOSPC/EACCES on the manifest, or anything else: never skip the broadcast
             return f"commit failed: {exc.__class__.__name__}: {exc}"
         self._protected = step
         try:
@@ -410,7 +410,10 @@ class Checkpointer:
         if pending is None:
             return
         start = time.perf_counter()
-        ok, error = pending.future.result()
+        try:
+            ok, error = pending.future.result()
+        except Exception as exc:  # a bug in the background path: report it like a failed save
+            ok, error = False, f"{exc.__class__.__name__}: {exc}"
         self._consume(pending.step, ok, error, time.perf_counter() - start)
 
     def _consume(self, step: int, ok: bool, error: str, blocking_seconds: float) -> None:
