@@ -320,6 +320,8 @@ class GuardAgent(LocalElasticAgent):
         beats = self._read_beats(wg)
         steps = [b["step"] for b in beats.values() if b is not None]
         detail = ", ".join(f"rank {r} exit code {codes[r]}" for r in failed)
+        if not signalled and wg.group_world_size and wg.group_world_size > 1:
+            time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         if self._claim_failure():
             self._record_failure(kind, culprits, now - self._last_alive, now, min(steps) if steps else None,
                                  ev, detail, verdict="crash", explanation=detail)

@@ -88,6 +88,10 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
             reason = agent.stop_reason or f"restart budget spent ({cfg.max_restarts} restarts)"
     except SignalException as exc:
         status, reason, code = "aborted", f"stopped by signal {exc.sigval}", 130
+    except Exception as exc:  # the rendezvous store vanished, a peer agent died, ...
+        log.debug("agent failed", exc_info=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        status, reason = "failed", f"agent error: {exc.__class__.__name__}: {first[:300]}"
     finally:
         if status in ("completed", "failed"):
             try:

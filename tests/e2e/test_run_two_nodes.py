@@ -1,0 +1,89 @@
+"""Two node agents on this machine (2 x 2 ranks, c10d rendezvous on 127.0.0.1): crashes and a sick node."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, free_port, of_type, start_trainguard
+
+
+def _two_agents(tmp_path: Path, nnodes: str, inject: str, steps: int, *extra: str) -> dict[str, int]:
+    run_dir = tmp_path / "run"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = {}
+    for node in ("node0", "node1"):
+        if node == "node1":
+            _wait_for_store(endpoint, procs["node0"])
+        procs[node] = start_trainguard(
+            "run", "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "twonodes", "--node-id", node, "--run-dir", str(run_dir), "--json",
+            "--inject", inject, *extra, "--", str(TRAIN_GPT), "--steps", str(steps), "--ckpt-every", "2", *TINY,
+            log=tmp_path / f"{node}.log",
+        )
+    codes = {node: p.wait(timeout=150) for node, p in procs.items()}
+    return codes
+
+
+def _wait_for_store(endpoint: str, first: subprocess.Popen[bytes]) -> None:
+    """node0 hosts the rendezvous store (the store lives in the agent on the endpoint host)."""
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.time() + 60
+    while time.time() < deadline and first.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError("node0's agent never opened the rendezvous store")
+
+
+def _result(tmp_path: Path, node: str) -> dict:
+    text = (tmp_path / f"{node}.log").read_text()
+    return json.loads(text[text.index("{\n"):])
+
+
+@pytest.mark.slow
+def test_two_agents_survive_a_crash_on_either_node(tmp_path: Path) -> None:
+    codes = _two_agents(tmp_path, "2", "crash@step=4,rank=1;crash@step=9,rank=3", 12)
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in codes}
+    assert codes == {"node0": 0, "node1": 0}, logs
+    records = events(tmp_path / "run")
+    injected = sorted(of_type(records, "fault_injected"), key=lambda f: f["time"])
+    assert [(f["rank"], f["step"]) for f in injected] == [(1, 4), (3, 9)]
+    # Ranks 0-1 run on one node and 2-3 on the other, so each node lost a rank once.
+    hosts = {f["rank"]: f["host"] for f in injected}
+    assert hosts[1] != hosts[3]
+    failures = sorted(of_type(records, "failure_detected"), key=lambda f: f["time"])
+    assert [(f["kind"], f["ranks"]) for f in failures] == [("crash", [1]), ("crash", [3])]
+    assert [f["host"] for f in failures] == [hosts[1], hosts[3]]
+    for node in codes:
+        assert _result(tmp_path, node)["completed_steps"] == 12
+    ended = of_type(records, "run_ended")
+    assert len(ended) == 1 and ended[0]["status"] == "completed"
+    steps = {(s["rank"], s["step"]) for s in of_type(records, "step_completed")}
+    assert steps >= {(r, n) for r in range(4) for n in range(1, 13)}
+
+
+@pytest.mark.slow
+def test_an_unhealthy_node_is_excluded_before_the_restart_and_the_job_finishes_without_it(tmp_path: Path) -> None:
+    codes = _two_agents(tmp_path, "1:2", "crash@step=4,rank=0;unhealthy@node=node1,attempt=1", 10,
+                        "--rdzv-last-call", "8")
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in codes}
+    assert codes == {"node0": 0, "node1": 5}, logs
+    assert _result(tmp_path, "node1")["status"] == "excluded"
+    records = events(tmp_path / "run")
+    excluded = of_type(records, "node_excluded")
+    assert [(e["node"], e["attempt"]) for e in excluded] == [("node1", 1)]
+    checks = [c for c in of_type(records, "health_check") if c["host"] == "node1" and c["name"] == "injected"]
+    assert [(c["attempt"], c["ok"]) for c in checks] == [(0, True), (1, False)]
+    started = [a for a in of_type(records, "attempt_started") if a["host"] == "node0"]
+    assert [(a["attempt"], a["world_size"]) for a in started] == [(0, 4), (1, 2)]
+    assert not [a for a in of_type(records, "attempt_started") if a["host"] == "node1" and a["attempt"] == 1]
+    assert _result(tmp_path, "node0")["completed_steps"] == 10
+    last = [s for s in of_type(records, "step_completed") if s["attempt"] == 1]
+    assert {s["rank"] for s in last} == {0, 1} and max(s["step"] for s in last) == 10
