@@ -1,0 +1,58 @@
+"""``trainguard hosts``: rank the fleet's hosts by their lemon score, flagged ones first."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+
+from trainguard.errors import InputError, UsageError
+
+HELP = "rank hosts by how often they broke jobs (lemon-node score) from the fleet database"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON list, worst host first")
+    parser.add_argument("--db", type=Path, help="fleet database (default: $TRAINGUARD_DB or ~/.local/share/...)")
+    parser.add_argument("--threshold", type=float, default=None, help="score at which a host is flagged (6)")
+    parser.add_argument("--half-life-days", type=float, default=None, help="decay half-life in days (30; 0 = none)")
+    parser.add_argument("--flagged", action="store_true", help="list only flagged hosts")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.output import print_json
+    from trainguard.fleetdb import FleetDB, default_db_path
+    from trainguard.lemon import LemonPolicy, rank_hosts
+
+    path = args.db or default_db_path()
+    if not path.exists():
+        raise InputError(f"{path}: no fleet database (index runs first: trainguard index RUN_DIR)")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a fleet database")
+    base = LemonPolicy()
+    threshold = base.threshold if args.threshold is None else args.threshold
+    half_life = base.half_life_days if args.half_life_days is None else args.half_life_days
+    if not 0 < threshold < 1e9:
+        raise UsageError("--threshold must be a positive number")
+    if not 0 <= half_life < 1e6:
+        raise UsageError("--half-life-days must be >= 0")
+    policy = LemonPolicy(threshold=threshold, half_life_days=half_life)
+    with FleetDB(path) as db:
+        scores = rank_hosts(db, policy=policy)
+    if args.flagged:
+        scores = [s for s in scores if s.flagged]
+    if args.json:
+        print_json([s.to_json() for s in scores])
+        return 0
+    if not scores:
+        print("no hosts with a history in the fleet database" if not args.flagged else "no flagged hosts")
+        return 0
+    width = max(len(s.host) for s in scores)
+    print(f"{'host':<{width}}  {'score':>6}  flag  incidents  last seen         reasons")
+    for s in scores:
+        seen = dt.datetime.fromtimestamp(s.last_seen, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        flag = "LEMON" if s.flagged else ""
+        print(f"{s.host:<{width}}  {s.score:6.2f}  {flag:5} {s.incidents:9d}  {seen}  {'; '.join(s.reasons)}")
+    print(f"(flagged: score >= {threshold:g} and >= {policy.min_incidents} separate incidents; "
+          f"half-life {half_life:g} days)")
+    return 0
