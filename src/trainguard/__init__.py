@@ -30,6 +30,10 @@ _LAZY: dict[str, str] = {
     "FleetDB": "trainguard.fleetdb",
     "attach": "trainguard.worker",
     "Checkpointer": "trainguard.checkpoint",
+    "classify_paths": "trainguard.classify",
+    "classify_text": "trainguard.classify",
+    "HealthConfig": "trainguard.health",
+    "run_checks": "trainguard.health",
 }
 
 __all__ = [
