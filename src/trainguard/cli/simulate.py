@@ -88,13 +88,14 @@ def _check_events_dir(path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import Progress, print_json
     from trainguard.sim.engine import simulate
-    from trainguard.sim.events_out import write_trial
+    from trainguard.sim.events_out import check_size, write_trial
     from trainguard.sim.plan import resolve_auto
     from trainguard.sim.summary import render_text, to_json
 
     model, job, policy = job_from_args(args)
     if args.events:
         _check_events_dir(Path(args.events))
+        check_size(model, job)
     policy = resolve_auto(model, job, policy, trials=min(args.trials, 100), seed=args.seed)
     bar = Progress(args.trials, "simulating")
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainguard.errors import UsageError
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds, validate
 
@@ -24,6 +25,8 @@ BUCKETS = ("startup", "checkpoint_save", "checkpoint_restore", "lost_progress", 
 """Badput buckets, named as in trainguard.goodput."""
 
 _CHUNK_EVENTS = 2_000_000
+MAX_INTERRUPTIONS = 5e8
+"""Refuse runs expected to draw more interruptions than this (about 10 minutes of work here)."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,13 @@ def simulate(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, trial
     tau = checkpoint_interval_seconds(policy, mtbf, job.step_seconds)
     horizon = job.days * 86400.0
     per_trial = job.gpus * model.rate_per_gpu_hour * job.days * 24 + model.planned_per_day * job.days
+    if per_trial * trials > MAX_INTERRUPTIONS:
+        raise UsageError(
+            f"this would simulate about {per_trial * trials:.3g} interruptions (limit {MAX_INTERRUPTIONS:.0e}); "
+            "use fewer trials, days or GPUs"
+        )
+    if not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be between 0 and 2**63-1, not {seed}")
     # chunks bound memory (~2M interruptions) and give the progress bar about ten updates
     chunk = max(1, min(math.ceil(trials / 10), int(_CHUNK_EVENTS / max(per_trial, 1.0))))
     seeds = np.random.SeedSequence(seed).spawn(math.ceil(trials / chunk))

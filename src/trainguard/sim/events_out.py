@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.errors import StorageError
+from trainguard.errors import StorageError, UsageError
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -45,6 +45,8 @@ HOST = "sim"
 MAX_LISTED_HOSTS = 256
 """Attempts list their hosts only up to this many nodes (a 16k-node list per attempt is just bulk)."""
 _DOMAIN_NODES = 16
+MAX_WRITTEN_INTERRUPTIONS = 200_000
+"""A written trial with more interruptions than this would be hundreds of MB of events."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
                 seed: int = 0, run_id: str | None = None, power: PowerModel | None = None) -> TrialWritten:
     """Simulate one trial with ``seed`` and write it as a run directory at ``directory``."""
     validate(job, policy, 1)
+    if not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be between 0 and 2**63-1, not {seed}")
+    check_size(model, job)
     rng = np.random.default_rng(seed)
     smp = sample(model, job, policy, 1, rng)
     mtbf = 3600.0 * model.job_mttf_hours(job.gpus)
@@ -206,6 +211,13 @@ def _detection_state(model: FailureModel, cat: int) -> str:
         return "restarting"
     detection = model.categories[cat].detection
     return {"crash": "restarting", "hang": "waiting", "sdc": "computing"}[detection]
+
+
+def check_size(model: FailureModel, job: JobConfig) -> None:
+    """Refuse to write a trial whose event file would be absurdly large."""
+    if job.gpus * model.rate_per_gpu_hour * job.days * 24 > MAX_WRITTEN_INTERRUPTIONS:
+        raise UsageError(f"--events: a trial this size has over {MAX_WRITTEN_INTERRUPTIONS:,} interruptions; "
+                         "write a shorter or smaller one")
 
 
 def _write_text(path: Path, text: str) -> None:
