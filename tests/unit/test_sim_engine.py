@@ -177,3 +177,20 @@ def test_power_swing_scales_with_gpus() -> None:
     assert small["power_swing_mw"] == pytest.approx(16384 * (700 - 90) / 1e6)
     assert big["power_swing_mw"] == pytest.approx(8 * small["power_swing_mw"])
     assert 0 < small["power"]["mean_mw"] < small["power"]["computing_mw"]
+
+
+def test_draws_depend_on_the_job_failure_rate_not_the_gpu_count() -> None:
+    """The superposed process: 10M GPUs at r/610 draw exactly what 16,384 GPUs at r draw (nothing per GPU)."""
+    from dataclasses import replace
+
+    from trainguard.sim.engine import sample
+
+    llama = load_model("llama3")
+    scale = 16384 / 10_000_000
+    thin = replace(llama, categories=tuple(replace(c, rate_per_gpu_hour=c.rate_per_gpu_hour * scale)
+                                           for c in llama.categories))
+    a = sample(llama, JobConfig(gpus=16384, days=54), PolicyConfig(), 3, np.random.default_rng(1))
+    b = sample(thin, JobConfig(gpus=10_000_000, days=54), PolicyConfig(), 3, np.random.default_rng(1))
+    np.testing.assert_allclose(a.time, b.time)
+    np.testing.assert_array_equal(a.cat, b.cat)
+    assert len(a.time) < 2000  # arrays are as long as the failures, not the GPUs
