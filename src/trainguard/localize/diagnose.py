@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -115,6 +116,25 @@ def analyze(
     warnings: list[FileWarning] | None = None,
 ) -> LocalizationReport:
     """Match a stream of dumps (one at a time; each is dropped after matching) and give the verdict."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # reading builds millions of short-lived containers; cyclic GC passes only cost time
+    try:
+        return _analyze(dumps, rank_hosts=rank_hosts, world_size=world_size, directory=directory,
+                        path=path, warnings=warnings)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _analyze(
+    dumps: Iterable[Dump | FileWarning],
+    *,
+    rank_hosts: dict[int, str] | None,
+    world_size: int,
+    directory: Path | None,
+    path: str,
+    warnings: list[FileWarning] | None,
+) -> LocalizationReport:
     t0 = time.perf_counter()
     warnings = list(warnings or [])
     matcher = Matcher()
@@ -177,10 +197,11 @@ def analyze(
     return report
 
 
-def _read_all(files: dict[int, list[Path]], progress: Callable[[], None] | None,
+def _read_all(files: dict[int, list[Path]], progress: Callable[[int, int], None] | None,
               ) -> Iterable[Dump | FileWarning]:
     """Each rank's first candidate file that reads as a dump; a warning per rejected candidate."""
-    for rank in sorted(files):
+    total = len(files)
+    for done, rank in enumerate(sorted(files), 1):
         failed: list[FileWarning] = []
         dump: Dump | None = None
         for p in files[rank]:
@@ -194,7 +215,7 @@ def _read_all(files: dict[int, list[Path]], progress: Callable[[], None] | None,
         if dump is not None:
             yield dump
         if progress is not None:
-            progress()
+            progress(done, total)
 
 
 def diagnose_path(
@@ -202,7 +223,7 @@ def diagnose_path(
     rank_hosts: dict[int, str] | None = None,
     *,
     world_size: int = 0,
-    progress: Callable[[], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LocalizationReport:
     """Localize a hang or desync from the dumps in ``path``.
 

@@ -31,18 +31,26 @@ _SEND = re.compile(r"send\s+(\d+)\s*->\s*(\d+)")
 _RECV = re.compile(r"recv\s+(\d+)\s*<-\s*(\d+)")
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqRecord:
-    """Who called what at one sequence number of one group."""
+    """Who called what at one sequence number of one group. The first rank seen sets the reference."""
 
-    ref: tuple[Any, ...]
-    """Signature of the first rank seen: (op, input_sizes, output_sizes, input_dtypes, output_dtypes)."""
+    op: str
+    in_sizes: Any
+    out_sizes: Any
+    in_dtypes: Any
+    out_dtypes: Any
     ref_holders: list[int]
+    """Ranks that hold the reference signature (the first `HOLDER_CAP`)."""
     ref_view: EntryView
     """The first rank's entry (evidence when this sequence number turns out to diverge)."""
     ref_count: int = 1
     deviants: dict[str, Variant] | None = None
-    """repr(signature) -> the ranks that disagree with ``ref`` with that signature."""
+    """repr(signature) -> the ranks that disagree with the reference with that signature."""
+
+    @property
+    def ref(self) -> tuple[Any, ...]:
+        return (self.op, self.in_sizes, self.out_sizes, self.in_dtypes, self.out_dtypes)
 
 
 @dataclass
@@ -85,6 +93,12 @@ def op_name(profiling_name: str) -> str:
     return name.split(" ", 1)[0]
 
 
+def _name_info(profiling_name: str) -> tuple[str, bool, bool, bool]:
+    """(op, sizes differ by rank legitimately, gloo, point-to-point by name) for one profiling name."""
+    op = op_name(profiling_name)
+    return (op, op in _RANK_DEPENDENT_SIZES, profiling_name.startswith("gloo:"), bool(_P2P_NAME.match(op)))
+
+
 def _frames(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list):
         return ()
@@ -118,6 +132,8 @@ class Matcher:
         self.ranks: set[int] = set()
         self.backends: set[str] = set()
         self.versions: dict[str, int] = {}
+        self._names: dict[str, tuple[str, bool, bool, bool]] = {}
+        self._config_read = False
 
     def _group(self, name: str, desc: str) -> GroupAcc:
         g = self.groups.get(name)
@@ -164,50 +180,66 @@ class Matcher:
         rank = dump.rank
         self.ranks.add(rank)
         self.versions[dump.fmt.version] = self.versions.get(dump.fmt.version, 0) + 1
-        for key, cfg in dump.pg_config.items():
-            if not key or not isinstance(cfg, dict) or not cfg.get("name", key):
-                continue  # gloo writes one broken entry keyed '': ignore it
-            ranks = _parse_ranks(cfg.get("ranks"))
-            g = self._group(str(key), str(cfg.get("desc", "")))
-            if ranks and g.config_ranks is None:
-                g.config_ranks = ranks
+        if dump.pg_config and not self._config_read:
+            # Every rank lists every group (groups are created collectively): read it once.
+            self._config_read = True
+            for key, cfg in dump.pg_config.items():
+                if not key or not isinstance(cfg, dict) or not cfg.get("name", key):
+                    continue  # gloo writes one broken entry keyed '': ignore it
+                ranks = _parse_ranks(cfg.get("ranks"))
+                g = self._group(str(key), str(cfg.get("desc", "")))
+                if ranks and g.config_ranks is None:
+                    g.config_ranks = ranks
         seq_key = dump.fmt.seq_key
         has_flag = dump.fmt.has_p2p_flag
-        groups = self.groups
+        names = self._names
+        local: dict[Any, tuple[GroupAcc, RankGroupState]] = {}
         last_raw: dict[str, tuple[dict[str, Any], int]] = {}
+        cap = HOLDER_CAP
         for e in dump.entries:
             pg = e.get("process_group")
-            gname = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", "?"))
-            found = groups.get(gname)
-            if found is None:
-                desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
-                found = self._group(gname, desc)
-            g = found
-            st = g.ranks.get(rank)
-            if st is None:
-                st = g.ranks[rank] = RankGroupState()
-                g.pg_ids[rank] = str(e.get("pg_id", ""))
-            st.entries += 1
+            key = pg[0] if pg.__class__ in (tuple, list) and pg else e.get("pg_id", "?")
+            cached = local.get(key)
+            if cached is None:
+                cached = local[key] = self._rank_group(rank, e, pg)
+            g, st = cached
             prof = e.get("profiling_name") or ""
-            gloo = prof.startswith("gloo:")
-            done = bool(e.get("retired")) if gloo else e.get("state") == "completed"
-            is_p2p = bool(e.get("is_p2p")) if has_flag else bool(_P2P_NAME.match(op_name(prof)))
-            if is_p2p:
+            info = names.get(prof)
+            if info is None:
+                info = names[prof] = _name_info(prof)
+            op, rank_dependent, gloo, p2p_by_name = info
+            done = e.get("retired") is True if gloo else e.get("state") == "completed"
+            if e.get("is_p2p") if has_flag else p2p_by_name:
                 if not done:
-                    p2p_seq = int(e.get("p2p_seq_id", e.get(seq_key, -1)) or 0)
+                    p2p_seq = e.get("p2p_seq_id", e.get(seq_key))
+                    p2p_seq = p2p_seq if isinstance(p2p_seq, int) else -1
                     st.active.append(self._view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
                 continue
             seq = e.get(seq_key)
-            if not isinstance(seq, int):
+            if seq.__class__ is not int:
                 continue
             if seq > st.last_seq:
                 st.last_seq = seq
-                last_raw[gname] = (e, seq)
-            if st.first_seq < 0 or seq < st.first_seq:
-                st.first_seq = seq
+                last_raw[g.name] = (e, seq)
             if not done:
                 st.active.append(self._view(rank, e, seq, False, done, gloo, g.config_ranks))
-            self._match(g, rank, seq, e, prof, done, gloo)
+            if rank_dependent:
+                in_sizes = out_sizes = None
+            else:
+                in_sizes = e.get("input_sizes")
+                out_sizes = e.get("output_sizes")
+            in_dtypes = e.get("input_dtypes")
+            out_dtypes = e.get("output_dtypes")
+            rec = g.seqs.get(seq)
+            if (rec is not None and rec.op == op and rec.in_sizes == in_sizes and rec.out_sizes == out_sizes
+                    and rec.in_dtypes == in_dtypes and rec.out_dtypes == out_dtypes):
+                rec.ref_count += 1
+                if len(rec.ref_holders) < cap:
+                    rec.ref_holders.append(rank)
+                continue
+            sig = (op, in_sizes, out_sizes, in_dtypes, out_dtypes)
+            self._match_slow(g, rec, rank, seq, e, sig, done, gloo)
+        groups = self.groups
         for gname, (e, seq) in last_raw.items():
             g = groups[gname]
             prof = str(e.get("profiling_name", ""))
@@ -223,23 +255,24 @@ class Matcher:
             if ":" in prof:
                 self.backends.add(prof.split(":", 1)[0])
 
-    def _match(self, g: GroupAcc, rank: int, seq: int, e: dict[str, Any], prof: str, done: bool,
-               gloo: bool) -> None:
-        name = op_name(prof)
-        if name in _RANK_DEPENDENT_SIZES:
-            sig: tuple[Any, ...] = (name, None, None, e.get("input_dtypes"), e.get("output_dtypes"))
-        else:
-            sig = (name, e.get("input_sizes"), e.get("output_sizes"),
-                   e.get("input_dtypes"), e.get("output_dtypes"))
-        rec = g.seqs.get(seq)
+    def _rank_group(self, rank: int, e: dict[str, Any], pg: Any) -> tuple[GroupAcc, RankGroupState]:
+        has_pair = isinstance(pg, (list, tuple)) and len(pg) > 0
+        gname = str(pg[0]) if has_pair else str(e.get("pg_id", "?"))
+        desc = str(pg[1]) if has_pair and len(pg) > 1 else ""
+        g = self._group(gname, desc)
+        st = g.ranks.get(rank)
+        if st is None:
+            st = g.ranks[rank] = RankGroupState()
+            g.pg_ids[rank] = str(e.get("pg_id", ""))
+        return g, st
+
+    def _match_slow(self, g: GroupAcc, rec: SeqRecord | None, rank: int, seq: int, e: dict[str, Any],
+                    sig: tuple[Any, ...], done: bool, gloo: bool) -> None:
+        """First rank at this sequence number, or a rank that disagrees with the reference."""
         if rec is None:
             view = self._view(rank, e, seq, False, done, gloo, g.config_ranks)
-            g.seqs[seq] = SeqRecord(ref=sig, ref_holders=[rank], ref_view=view)
-            return
-        if rec.ref == sig:
-            rec.ref_count += 1
-            if len(rec.ref_holders) < HOLDER_CAP:
-                rec.ref_holders.append(rank)
+            g.seqs[seq] = SeqRecord(op=sig[0], in_sizes=sig[1], out_sizes=sig[2], in_dtypes=sig[3],
+                                    out_dtypes=sig[4], ref_holders=[rank], ref_view=view)
             return
         if rec.deviants is None:
             rec.deviants = {}

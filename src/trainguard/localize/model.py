@@ -182,6 +182,3 @@ class RankGroupState:
     """Its last collective entry."""
     active: list[EntryView] = field(default_factory=list)
     """Entries not completed (in flight, stuck or timed out), collectives and p2p."""
-    entries: int = 0
-    first_seq: int = -1
-    """Lowest collective sequence number still in the ring (older ones were overwritten)."""

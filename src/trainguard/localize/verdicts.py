@@ -133,11 +133,12 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
     label = _label(g)
     if waiting:
         culprits = tuple(sorted(set(behind) | set(missing)))
-        evidence: list[EntryView] = list(waiting_views[:3])
+        evidence: list[EntryView] = []
         for r in behind[:3]:
             st = g.ranks.get(r)
             if st and st.last:
                 evidence.append(st.last)
+        evidence.extend(waiting_views[:3])
         if behind:
             lag = ", ".join(f"rank {r} at {last[r] if last[r] >= 0 else 'none'}" for r in behind[:_SHOW])
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "

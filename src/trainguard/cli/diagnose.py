@@ -1,0 +1,47 @@
+"""``trainguard diagnose``: which rank and host hung or diverged, from flight-recorder dumps."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainguard.errors import EXIT_FAILURE, EXIT_OK, UsageError
+
+HELP = "localize a hang or desync from flight-recorder dumps (which rank, which host, what)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="PATH",
+                        help="directory of dumps (rank = trailing number of the file name), one dump, "
+                             "a run directory or its diagnostics/attempt-<k>/")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (schema: docs/localize.md)")
+    parser.add_argument("--rank-map", metavar="FILE",
+                        help='JSON file {"<rank>": "<host>"} (default: from the run\'s events, if any)')
+    parser.add_argument("--world-size", type=int, default=0, metavar="N",
+                        help="ranks in the job, so a missing dump of the last ranks is noticed")
+    parser.add_argument("--verbose-evidence", action="store_true", help="more frames and evidence lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.output import Progress, print_json
+    from trainguard.localize import diagnose_path, load_rank_map, render_text
+
+    if args.world_size < 0 or args.world_size > 10_000_000:
+        raise UsageError(f"--world-size must be between 0 and 10000000, not {args.world_size}")
+    hosts = load_rank_map(args.rank_map) if args.rank_map else None
+    bars: list[Progress] = []
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(Progress(total, "reading dumps"))
+        bars[0].update()
+
+    try:
+        report = diagnose_path(args.path, hosts, world_size=args.world_size, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(render_text(report, verbose=args.verbose_evidence))
+    return EXIT_OK if report.verdict == "healthy" else EXIT_FAILURE
