@@ -75,14 +75,14 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
         raise UsageError("--rdzv-last-call must be between 1 and 3600 seconds")
     if not (1 <= nproc <= 1024):
         raise UsageError("--nproc-per-node must be between 1 and 1024")
+    if not endpoint and nnodes[1] > 1:
+        raise UsageError("--rdzv-endpoint is required with more than one node")
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StorageError(f"cannot create run directory {run_dir}: {exc.strerror}") from None
     if not endpoint:
-        if nnodes[1] > 1:
-            raise UsageError("--rdzv-endpoint is required with more than one node")
         from trainguard.launch.supervisor import free_port
 
         endpoint = f"127.0.0.1:{free_port()}"
