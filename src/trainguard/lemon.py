@@ -75,13 +75,13 @@ class HostScore:
 
 
 def _xid_kind(detail: str) -> str:
-    from trainguard.classify import load_rules
+    from trainguard.classify import default_rules
 
     try:
         code = int(detail)
     except ValueError:
         return "xid_hardware"
-    rule = load_rules().xid_rule(code)
+    rule = default_rules().xid_rule(code)
     return "xid_application" if rule is not None and rule.tier != "hardware" else "xid_hardware"
 
 

@@ -33,14 +33,21 @@ __all__ = [
     "check_file",
     "classify_paths",
     "classify_text",
+    "default_rules",
     "group_of",
     "load_rules",
 ]
 
 
+@lru_cache(maxsize=1)
+def default_rules() -> RuleSet:
+    """The built-in rules, loaded once per process."""
+    return load_rules()
+
+
 @lru_cache(maxsize=4)
 def _scanner(rules: RuleSet | None) -> Scanner:
-    return Scanner(rules if rules is not None else load_rules())
+    return Scanner(rules if rules is not None else default_rules())
 
 
 def classify_text(text: str, source: str, *, verdict: str | None = None,

@@ -144,9 +144,9 @@ def _ecc_and_remap(nvml: Any, handles: list[tuple[int, Any]]) -> list[CheckResul
 
 
 def _xids(nvml: Any, handles: list[tuple[int, Any]]) -> CheckResult:
-    from trainguard.classify import load_rules
+    from trainguard.classify import default_rules
 
-    rules = load_rules()
+    rules = default_rules()
     event_type = getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8)
     es, err = _query(nvml, nvml.nvmlEventSetCreate)
     if es is None:
