@@ -164,11 +164,15 @@ def _analyze(
                 warnings.append(FileWarning(name, f"rank {rank} wrote format {v or '?'} but most ranks "
                                                   f"wrote {common}: mixed torch versions; analysed anyway"))
     hosts = dict(rank_hosts or {})
-    world = set(matcher.ranks) | set(range(max(matcher.ranks) + 1)) | set(hosts) | set(range(world_size))
-    ctx = Context(world=frozenset(world), hosts=hosts, evidence_files=_evidence_files(directory))
+    unreadable_all = {w.rank for w in warnings if w.rank is not None}
+    world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable_all) + 1)) | set(hosts)
+             | set(range(world_size)))
+    unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
+    ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable, hosts=hosts,
+                  evidence_files=_evidence_files(directory))
     problems = order_problems(group_problems(matcher, ctx))
     missing = sorted(world - matcher.ranks)
-    for r in missing[:_MAX_RANK_WARNINGS]:
+    for r in [r for r in missing if r not in unreadable][:_MAX_RANK_WARNINGS]:
         warnings.append(FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
                                                  "the rank map or the run's events)"))
     if len(missing) > _MAX_RANK_WARNINGS:
@@ -211,6 +215,8 @@ def _read_all(files: dict[int, list[Path]], progress: Callable[[int, int], None]
             except DumpError as exc:
                 failed.append(FileWarning(p.name, str(exc)))
         # rejected files are worth a warning only when they were meant as dumps
+        if dump is None:
+            failed = [FileWarning(w.file, w.message, rank) for w in failed]
         yield from (w for w in failed if dump is None or w.file.endswith((".pkl", ".pickle", ".json")))
         if dump is not None:
             yield dump

@@ -201,7 +201,7 @@ class Matcher:
             key = pg[0] if pg.__class__ in (tuple, list) and pg else e.get("pg_id", "?")
             cached = local.get(key)
             if cached is None:
-                cached = local[key] = self._rank_group(rank, e, pg)
+                cached = local[key] = self._rank_group(rank, e, pg, dump.pg_config)
             g, st = cached
             prof = e.get("profiling_name") or ""
             info = names.get(prof)
@@ -255,11 +255,16 @@ class Matcher:
             if ":" in prof:
                 self.backends.add(prof.split(":", 1)[0])
 
-    def _rank_group(self, rank: int, e: dict[str, Any], pg: Any) -> tuple[GroupAcc, RankGroupState]:
+    def _rank_group(self, rank: int, e: dict[str, Any], pg: Any,
+                    pg_config: dict[str, Any]) -> tuple[GroupAcc, RankGroupState]:
         has_pair = isinstance(pg, (list, tuple)) and len(pg) > 0
         gname = str(pg[0]) if has_pair else str(e.get("pg_id", "?"))
         desc = str(pg[1]) if has_pair and len(pg) > 1 else ""
         g = self._group(gname, desc)
+        if g.config_ranks is None and gname:
+            cfg = pg_config.get(gname)
+            if isinstance(cfg, dict):
+                g.config_ranks = _parse_ranks(cfg.get("ranks"))
         st = g.ranks.get(rank)
         if st is None:
             st = g.ranks[rank] = RankGroupState()

@@ -118,9 +118,11 @@ class FileWarning:
 
     file: str
     message: str
+    rank: int | None = None
+    """Set when the rank ended up without a readable dump because of this file."""
 
-    def to_json(self) -> dict[str, str]:
-        return {"file": self.file, "message": self.message}
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "message": self.message, "rank": self.rank}
 
 
 @dataclass(frozen=True)

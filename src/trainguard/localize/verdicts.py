@@ -21,6 +21,10 @@ class Context:
 
     world: frozenset[int]
     """Every rank expected to have a dump (dumps read, 0..max rank, rank map, run events)."""
+    dumped: frozenset[int]
+    """Ranks whose dump was read."""
+    unreadable: frozenset[int]
+    """Ranks whose file exists but could not be read: state unknown, never blamed."""
     hosts: dict[int, str]
     evidence_files: Callable[[int], tuple[str, ...]]
     """Rank -> its stacks / log-tail evidence (paths and last lines)."""
@@ -110,7 +114,7 @@ def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Contex
 
 
 def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gloo: bool) -> Problem | None:
-    present = [r for r in members if r not in missing]
+    present = [r for r in members if r in ctx.dumped]
     last: dict[int, int] = {}
     for r in present:
         st = g.ranks.get(r)
@@ -149,6 +153,9 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
                                    "It is the culprit: its stack shows what it does instead."))
             if missing:
                 text += f" Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump."
+            unknown = [r for r in members if r in ctx.unreadable]
+            if unknown:
+                text += f" The dumps of {_names(unknown)} are unreadable: their state is unknown."
             verdict, conf = "hang", 0.9
         elif missing:
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} wait in {op} "
@@ -227,7 +234,7 @@ def group_problems(m: Matcher, ctx: Context) -> list[Problem]:
     out: list[Problem] = []
     for g in m.groups.values():
         members = g.members(set(ctx.world))
-        missing = sorted(r for r in members if r not in m.ranks)
+        missing = sorted(r for r in members if r not in m.ranks and r not in ctx.unreadable)
         div = _divergence(g, members, missing, ctx)
         if div is not None:
             out.append(div)
