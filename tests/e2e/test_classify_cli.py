@@ -68,3 +68,15 @@ def test_bad_input_gives_one_line_and_exit_code(tmp_path: Path) -> None:
         r = tg(*args)
         assert r.returncode == code, (args, r.stderr)
         assert text in r.stderr and r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+def test_reads_standard_input() -> None:
+    text = (CORPUS / "xid119_gsp_timeout.log").read_text()
+    r = subprocess.run([sys.executable, "-m", "trainguard", "classify", "--json", "-"], input=text,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    [doc] = json.loads(r.stdout)
+    assert doc["category"] == "GPU System Processor" and doc["evidence"][0]["file"] == "<stdin>"
+    r = subprocess.run([sys.executable, "-m", "trainguard", "classify", "-"], input=b"\x00\x01\x02" * 100,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 3 and b"binary" in r.stderr

@@ -8,6 +8,7 @@ no torch, no network. See docs/classify.md.
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -15,7 +16,13 @@ from pathlib import Path
 from trainguard.classify.engine import Classification, Evidence, decide
 from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
 from trainguard.classify.scan import Accumulator, Scanner
-from trainguard.classify.sources import DEFAULT_MAX_BYTES, check_file, scan_dir, scan_file
+from trainguard.classify.sources import (
+    DEFAULT_MAX_BYTES,
+    check_file,
+    scan_dir,
+    scan_file,
+    scan_stream_checked,
+)
 from trainguard.classify.taxonomy import CATEGORIES, GROUPS, TIERS, UNKNOWN, group_of
 from trainguard.errors import InputError
 
@@ -62,7 +69,8 @@ def classify_text(text: str, source: str, *, verdict: str | None = None,
 def classify_paths(paths: Iterable[str | Path], *, verdict: str | None = None,
                    rules: RuleSet | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                    combine: bool = False) -> list[Classification]:
-    """One classification per path (a file, or a directory whose text files count as one source).
+    """One classification per path (a file, ``-`` for standard input, or a directory whose text files
+    count as one source).
 
     With ``combine``, all paths form one source (the evidence of a failed attempt spread over files).
     Raises `InputError` for a missing, unreadable, binary or too large file named directly.
@@ -76,7 +84,9 @@ def classify_paths(paths: Iterable[str | Path], *, verdict: str | None = None,
     for group in groups:
         acc = Accumulator()
         for p in group:
-            if p.is_dir():
+            if str(p) == "-":
+                scan_stream_checked(scanner, sys.stdin.buffer, "<stdin>", acc)
+            elif p.is_dir():
                 scan_dir(scanner, p, acc, max_bytes)
             else:
                 scan_file(scanner, p, acc, max_bytes)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.classify.scan import Accumulator, Scanner
+from trainguard.classify.scan import Accumulator, Readable, Scanner
 from trainguard.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,30 @@ def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = D
                 scanner.scan_stream(f, label, acc)
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: read failed ({exc})") from None
+
+
+class _Prefixed:
+    """A stream that yields ``head`` and then the rest of ``rest``."""
+
+    def __init__(self, head: bytes, rest: Readable) -> None:
+        self._head, self._rest = head, rest
+
+    def read(self, size: int = -1, /) -> bytes:
+        if self._head:
+            out, self._head = self._head, b""
+            return out
+        return self._rest.read(size)
+
+
+def scan_stream_checked(scanner: Scanner, stream: Readable, label: str, acc: Accumulator) -> None:
+    """Scan a stream that cannot be sniffed in advance (standard input): refuse it if it looks binary."""
+    head = stream.read(SNIFF_BYTES)
+    if head.startswith(_GZIP_MAGIC):
+        raise InputError(f"{label}: gzip data on standard input; pass the file name, or use zcat")
+    if _looks_binary(head):
+        raise InputError(f"{label}: binary data, not a text log")
+    acc.files += 1
+    scanner.scan_stream(_Prefixed(head, stream), label, acc)
 
 
 def iter_dir(root: Path) -> Iterator[Path]:

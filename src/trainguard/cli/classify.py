@@ -13,7 +13,7 @@ _VERDICTS = ("hang", "p2p-hang", "desync", "mismatch", "crash", "healthy", "sdc"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG",
-                        help="log files (plain, .gz, torchelastic error.json) or directories of them")
+                        help="log files (plain, .gz, torchelastic error.json), directories of them, or - for stdin")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one entry per LOG")
     parser.add_argument("--rules", action="append", default=[], metavar="FILE",
                         help="extra TOML rules that extend or override the built-in ones (repeatable)")
