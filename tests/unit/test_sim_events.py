@@ -80,7 +80,7 @@ def test_goodput_of_the_written_trial_matches_the_simulator(llama_trial) -> None
     assert abs(ettr - written.ettr) <= 0.005 * written.ettr
 
 
-def test_small_job_lists_hosts_and_writes_no_duplicate_run(tmp_path: Path) -> None:
+def test_small_job_lists_its_hosts_in_every_attempt(tmp_path: Path) -> None:
     written = write_trial(tmp_path / "r", load_model("rsc1"), JobConfig(gpus=64, days=30), PolicyConfig(), seed=1)
     records = [e.record for e in RunDir(written.path).load()]
     attempts = [r for r in records if type(r).__name__ == "AttemptStarted"]
