@@ -336,6 +336,7 @@ class Checkpointer:
             metadata = upload.result()
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             error = _describe_error(exc)
+        writer.close_pool()
         try:
             reports = self._all_gather((error, dict(writer.files)), self._save_pg)
             if self.rank == 0:

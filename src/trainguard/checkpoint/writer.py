@@ -16,6 +16,7 @@ import os
 import threading
 import zlib
 from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
+
+PARALLEL_CRC_BYTES = 1 << 20
+"""Writes at least this large are checksummed on a helper thread in parallel with the write."""
 
 
 class WriteHooks:
@@ -78,13 +82,18 @@ class _ChecksumStream(io.RawIOBase):
         if allowed < view.nbytes:
             self._fh.write(view[:allowed])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
+        # Large buffers: checksum on a helper thread while this one copies into the page cache
+        # (both release the GIL), so the checksum costs little wall time.
+        crc = self._owner._crc_pool().submit(zlib.crc32, view, self._crc) if view.nbytes >= PARALLEL_CRC_BYTES else None
         written = 0
-        while written < view.nbytes:
-            n = self._fh.write(view[written:])
-            if not n:
-                raise OSError(errno.ENOSPC, "short write", str(self._path))
-            written += n
-        self._crc = zlib.crc32(view, self._crc)
+        try:
+            while written < view.nbytes:
+                n = self._fh.write(view[written:])
+                if not n:
+                    raise OSError(errno.ENOSPC, "short write", str(self._path))
+                written += n
+        finally:
+            self._crc = crc.result() if crc is not None else zlib.crc32(view, self._crc)
         self._size += written
         return written
 
@@ -135,6 +144,19 @@ class ChecksumWriter(FileSystemWriter):
         self.hooks = hooks
         self.files: dict[str, tuple[int, str]] = {}
         self._files_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _crc_pool(self) -> ThreadPoolExecutor:
+        with self._files_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainguard-crc")
+            return self._pool
+
+    def close_pool(self) -> None:
+        with self._files_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     def _record(self, name: str, size: int, crc: int) -> None:
         with self._files_lock:
