@@ -270,9 +270,11 @@ def order_problems(problems: list[Problem]) -> list[Problem]:
             set(a.culprit_ranks) if a.verdict == "crash" else set())
         return a is not b and bool(set(b.culprit_ranks) & stuck)
 
-    def key(p: Problem) -> tuple[int, int, int, str]:
+    def key(p: Problem) -> tuple[int, int, int, int, str]:
+        # blocked problems last; in a cycle (a cross-group deadlock) the fewest culprits first
         blocked = any(blocks(q, p) and not blocks(p, q) for q in kept)
-        return (int(blocked), _PRIORITY.get(p.verdict, 9), -len(p.waiting_ranks), p.process_group)
+        return (int(blocked), _PRIORITY.get(p.verdict, 9), len(p.culprit_ranks), -len(p.waiting_ranks),
+                p.process_group)
 
     kept.sort(key=key)
     return [
