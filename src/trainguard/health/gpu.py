@@ -197,8 +197,9 @@ def _nvlink(nvml: Any, handles: list[tuple[int, Any]]) -> CheckResult:
 def _thermal(nvml: Any, handles: list[tuple[int, Any]], limit_c: int) -> CheckResult:
     sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
     # older nvidia-ml-py releases name it "throttle reasons"
-    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if reasons_fn is None:
+        reasons_fn = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     bad, na, hottest = [], 0, None
     for i, h in handles:
         temp, _ = _query(nvml, nvml.nvmlDeviceGetTemperature, h, sensor)
