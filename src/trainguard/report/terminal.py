@@ -38,8 +38,13 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return shown + (f",…(+{len(ranks) - 6})" if len(ranks) > 6 else "")
 
 
-def render_report(report: GoodputReport) -> str:
-    """The full text report."""
+def _culprit(ranks: tuple[int, ...], hosts: tuple[str, ...]) -> str:
+    parts = ([f"rank {_ranks(ranks)}"] if ranks else []) + ([",".join(hosts[:2])] if hosts else [])
+    return " @".join(parts) if parts else "-"
+
+
+def render_report(report: GoodputReport, *, max_interruptions: int = 25) -> str:
+    """The full text report; long interruption tables show the costliest ``max_interruptions``."""
     wall = report.wall_seconds or 1.0
     lines = [
         f"run {report.run_id or '?'}" + ("  [SYNTHETIC]" if report.synthetic else "") + f"  status: {report.status}",
@@ -61,14 +66,19 @@ def render_report(report: GoodputReport) -> str:
     if report.interruptions:
         lines += ["", "interruptions", f"  {'at':>11}  {'kind':<10} {'step':>6}  {'detect':>8}  "
                   f"{'category':<28} {'culprit':<18} {'lost':>10}"]
-        for i in report.interruptions:
-            ranks, hosts = _ranks(i.culprit_ranks or i.ranks), ",".join((i.culprit_hosts or i.hosts)[:2])
-            culprit = "-" if i.planned else f"rank {ranks}" + (f" @{hosts}" if hosts else "")
+        shown = report.interruptions
+        if len(shown) > max_interruptions:
+            costly = sorted(shown, key=lambda i: -i.time_lost_seconds)[:max_interruptions]
+            shown = sorted(costly, key=lambda i: i.time_seconds)
+        for i in shown:
+            culprit = "-" if i.planned else _culprit(i.culprit_ranks or i.ranks, i.culprit_hosts or i.hosts)
             lines.append(
                 f"  {format_seconds(i.time_seconds):>11}  {i.kind:<10} {'-' if i.step is None else i.step:>6}  "
                 f"{i.detection_latency_seconds:7.1f}s  {i.category[:28]:<28} "
                 f"{culprit[:18]:<18} {format_seconds(i.time_lost_seconds):>10}"
             )
+        if len(shown) < len(report.interruptions):
+            lines.append(f"  ... {len(report.interruptions) - len(shown)} more, cheaper ones (all of them: --json)")
     if report.root_causes:
         lines += ["", "root causes (Llama 3 Table 5 form)",
                   f"  {'category':<32} {'group':<22} {'count':>5} {'share':>7} {'time lost':>12}"]
