@@ -209,3 +209,36 @@ def test_manifest_is_plain_json_with_versions(tmp_path: Path) -> None:
     assert data["format"] == "trainguard-checkpoint" and data["step"] == 3
     assert data["structure"]["x"]["dtype"] == "bfloat16" and data["structure"]["note"] == {"kind": "object"}
     assert all(len(f["crc32"]) == 8 for f in data["files"].values())
+
+
+def test_rank_local_state_needs_the_same_world_size(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+        ckpt.save(1, {"x": torch.ones(2), "rank_local": {"position": 1}})
+    path = tmp_path / "ckpt" / "step-1" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["world_size"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="saved by 2 ranks"):
+        Checkpointer(tmp_path / "ckpt").restore({"x": torch.zeros(2), "rank_local": {"position": 0}})
+    target = {"x": torch.zeros(2)}  # without rank-local state the checkpoint is still usable...
+    with pytest.raises(CheckpointError, match="state lacks"):  # ...but the state must cover all of it
+        Checkpointer(tmp_path / "ckpt").restore(target)
+
+
+def test_with_a_real_process_group(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="own gloo group"):
+            Checkpointer(tmp_path / "ckpt", process_group=dist.GroupMember.WORLD)
+        ckpt = Checkpointer(tmp_path / "ckpt", interval=IntervalPolicy.every_seconds(3600))
+        assert not ckpt.should_save(1)  # time policy: decided on rank 0, broadcast on the control group
+        ckpt.save(1, {"x": torch.arange(4.0), "rank_local": {"position": 1}})
+        ckpt.close()
+        state = {"x": torch.zeros(4), "rank_local": {"position": 0}}
+        assert Checkpointer(tmp_path / "ckpt").restore(state) == 1
+        assert torch.equal(state["x"], torch.arange(4.0)) and state["rank_local"] == {"position": 1}
+    finally:
+        dist.destroy_process_group()

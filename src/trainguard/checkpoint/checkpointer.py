@@ -155,6 +155,8 @@ class Checkpointer:
     ) -> None:
         if keep_last < 1 or (keep_every is not None and keep_every < 1):
             raise ValueError("keep_last must be >= 1 and keep_every None or >= 1")
+        if async_save and process_group is not None and process_group is dist.GroupMember.WORLD:
+            raise ValueError("async checkpoints need their own gloo group, not the default one (it hangs)")
         self.directory = Path(directory)
         self.events = events
         self.attempt = attempt
@@ -508,6 +510,8 @@ class Checkpointer:
             if not k.startswith(_RANK_LOCAL_STORED) or k == own or k.startswith(own + ".")
         }
         problem = structure_mismatch(saved, wanted)
+        if not problem and manifest.world_size != self.world_size and any(k.startswith(own) for k in wanted):
+            problem = f"rank-local state was saved by {manifest.world_size} ranks, this job has {self.world_size}"
         if problem:
             return problem, "structure"
         try:
