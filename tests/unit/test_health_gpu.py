@@ -81,3 +81,14 @@ def test_no_nvml_means_every_gpu_check_is_skipped_with_a_note() -> None:
     assert real["gpu_count"].skipped is not has_driver
     off = check_gpus(HealthConfig(node="n", gpu_checks=False))
     assert all(r.skipped and "turned off" in r.detail for r in off)
+
+
+def test_nvml_that_cannot_count_still_reports_every_check() -> None:
+    class Broken(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise self.NVMLError(999)
+
+    res = {r.name: r for r in check_gpus(HealthConfig(node="n", nvml=Broken([])))}
+    assert set(res) == {n for n, _ in GPU_CHECKS}
+    assert not res["gpu_count"].ok and res["gpu_count"].severity == HIGH
+    assert all(r.skipped for n, r in res.items() if n != "gpu_count")

@@ -83,7 +83,8 @@ def check_gpus(config: HealthConfig) -> list[CheckResult]:
 def _run(nvml: Any, config: HealthConfig) -> list[CheckResult]:
     count, err = _query(nvml, nvml.nvmlDeviceGetCount)
     if count is None:
-        return [failed("gpu_count", HIGH, f"NVML cannot count GPUs: {err}")]
+        return [failed("gpu_count", HIGH, f"NVML cannot count GPUs: {err}")] + [
+            skipped(n, s, "no GPU list from NVML") for n, s in GPU_CHECKS if n != "gpu_count"]
     out: list[CheckResult] = []
     handles: list[tuple[int, Any]] = []
     lost: list[str] = []
