@@ -198,3 +198,22 @@ def test_to_json_has_the_documented_fields() -> None:
     assert doc["evidence"][0] == {"file": "k.log", "line": 1, "text": XID79, "rule": "xid-79",
                                   "category": "Faulty GPU"}
     json.dumps(doc)
+
+
+def test_healthy_training_output_gives_no_evidence() -> None:
+    healthy = "\n".join([
+        "2026-11-30 09:00:01,100 train INFO step 812 loss 2.7711 lr 3.0e-4 grad_norm 0.41 tokens/s 81234",
+        "node-17:3341:3560 [3] NCCL INFO Channel 02/0 : 27[3] -> 35[3] via NET/IB/3/GDRDMA",
+        "node-17:3341:3560 [3] NCCL INFO Connected all rings",
+        "[rank3]:[W1130 07:41:02 ProcessGroupNCCL.cpp:4115] Warning: TORCH_NCCL_AVOID_RECORD_STREAMS is deprecated",
+        "init: fan_in=4096 fan_out=4096 tensor parallel size 8, host buffers pinned",
+        "checkpoint step-800 saved in 3.2 s (blocking 0.21 s); PSU telemetry nominal",
+        "Nov 30 09:00:02 node-17 kernel: mlx5_core 0000:0c:00.0 ibp12s0: Link up",
+    ])
+    c = classify_text(healthy, "train.log")
+    assert (c.category, c.confidence, c.evidence) == ("Unknown", 0.0, ())
+
+
+def test_nvlink_link_down_is_a_gpu_fault() -> None:
+    c = classify_text("nvidia-fabricmanager: GPU 0000:18:00.0 NVLink link 5 is down", "x")
+    assert c.category == "Faulty GPU"
