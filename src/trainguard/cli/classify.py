@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from trainguard.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainguard.classify import Classification
 
 HELP = "root-cause category (Llama 3 Table 5) of failure logs, with the evidence lines"
 
@@ -25,10 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="refuse files larger than N bytes (default 16 GiB; 0 = no limit)")
 
 
-def _render(c: object) -> str:
-    from trainguard.classify import Classification
-
-    assert isinstance(c, Classification)
+def _render(c: Classification) -> str:
     lines = [f"{c.source}: {c.category} ({c.group}), confidence {c.confidence:.2f}"]
     if c.host or c.gpu:
         lines.append("  suspect: " + ", ".join(

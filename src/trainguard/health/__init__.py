@@ -6,6 +6,8 @@ a failing check: it reports it. See docs/health.md.
 
 from __future__ import annotations
 
+import importlib.util
+
 from trainguard.health.base import (
     HIGH,
     LOW,
@@ -14,6 +16,7 @@ from trainguard.health.base import (
     HealthConfig,
     healthy,
     run_all,
+    skipped,
 )
 from trainguard.health.gpu import GPU_CHECKS, check_gpus
 from trainguard.health.host import (
@@ -40,11 +43,18 @@ __all__ = [
 ]
 
 
+def _torch_missing(config: HealthConfig) -> list[CheckResult]:
+    note = "torch is not installed (pip install 'trainguard[torch]')"
+    return [skipped("torch_devices", HIGH, note), skipped("torch_collective", HIGH, note)]
+
+
 def checks_for(config: HealthConfig) -> list[CheckFn]:
     """The checks `run_checks` runs for ``config``, in order (cheap ones first)."""
     checks: list[CheckFn] = [check_injected, check_run_dir, check_checkpoint_dir, check_memory, check_clock,
                              check_rdzv]
-    if config.torch_checks:
+    if config.torch_checks and importlib.util.find_spec("torch") is None:
+        checks.append(_torch_missing)
+    elif config.torch_checks:
         from trainguard.health.torch_checks import check_torch_collective, check_torch_devices
 
         checks += [check_torch_devices, check_torch_collective]
