@@ -45,7 +45,8 @@ class LemonPolicy:
         "culprit": 3.0, "failure": 2.0, "excluded": 2.0, "check_failed": 1.0,
         "xid_hardware": 2.0, "xid_application": 0.5, "failed_attempt_member": 0.5,
     })
-    """Points per record; ``failed_attempt_member`` is per failed attempt above the fleet median."""
+    """Points per record; ``failed_attempt_member`` is per failed attempt above the fleet median.
+    Kinds without a weight (``check_failed_low``: failed low-severity checks) are listed, not scored."""
     half_life_days: float = 30.0
     """A record's points halve every this many days (0 = no decay)."""
     threshold: float = 6.0
@@ -63,7 +64,8 @@ class HostScore:
     flagged: bool
     reasons: tuple[str, ...]
     counts: dict[str, int]
-    """Records per kind (``xid`` split into ``xid_hardware`` and ``xid_application``)."""
+    """Records per kind (``xid`` split into ``xid_hardware`` and ``xid_application``; ``check_failed``
+    into ``check_failed`` (high severity) and ``check_failed_low``)."""
     incidents: int
     runs: int
     last_seen: float
@@ -92,7 +94,11 @@ def score_hosts(records: Iterable[HostRecordLike], *, policy: LemonPolicy | None
     now = time.time() if now is None else now
     by_host: dict[str, list[tuple[str, HostRecordLike]]] = defaultdict(list)
     for r in records:
-        kind = _xid_kind(r.detail) if r.kind == "xid" else r.kind
+        kind = r.kind
+        if kind == "xid":
+            kind = _xid_kind(r.detail)
+        elif kind == "check_failed" and r.detail.endswith("(low)"):
+            kind = "check_failed_low"  # drain-later findings (clock, temperature) do not make a lemon
         by_host[r.host].append((kind, r))
 
     def decay(t: float) -> float:
@@ -116,9 +122,11 @@ def score_hosts(records: Iterable[HostRecordLike], *, policy: LemonPolicy | None
         for kind, r in rows:
             if kind == "failed_attempt_member":
                 continue
-            score += policy.weights.get(kind, 0.0) * decay(r.time)
+            weight = policy.weights.get(kind, 0.0)
             details[kind][r.detail] += 1
-            incident_keys.add((r.run_id, int(r.time // INCIDENT_WINDOW_SECONDS)))
+            if weight > 0:
+                score += weight * decay(r.time)
+                incident_keys.add((r.run_id, int(r.time // INCIDENT_WINDOW_SECONDS)))
         incidents = len(incident_keys)
         reasons = _reasons(counts, details, excess, median_member)
         out.append(HostScore(
@@ -137,7 +145,8 @@ def _top(c: Counter[str]) -> str:
 def _reasons(counts: Counter[str], details: dict[str, Counter[str]], excess: int, median: float) -> list[str]:
     labels = {
         "culprit": "named culprit", "failure": "named by a failure", "excluded": "excluded",
-        "check_failed": "failed health checks", "xid_hardware": "hardware XIDs",
+        "check_failed": "failed high-severity health checks", "check_failed_low": "failed low-severity checks",
+        "xid_hardware": "hardware XIDs",
         "xid_application": "application XIDs",
     }
     out = [f"{labels[k]} {counts[k]}x ({_top(details[k])})" for k in labels if counts.get(k)]

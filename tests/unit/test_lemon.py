@@ -133,3 +133,11 @@ def test_hosts_verb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not sqlite" * 100)
     assert main(["hosts", "--db", str(garbage)]) == 3
+
+
+def test_low_severity_check_failures_never_make_a_lemon() -> None:
+    rows = [Row("h", f"r{i}", NOW - i * 3600, "check_failed", "clock_sync (low)") for i in range(50)]
+    rows += [Row("h", "r0", NOW, "check_failed", "gpu_ecc (high)")]
+    [s] = score_hosts(rows, now=NOW)
+    assert not s.flagged and s.score == pytest.approx(1.0) and s.incidents == 1
+    assert s.counts == {"check_failed_low": 50, "check_failed": 1}
