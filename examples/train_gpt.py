@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import sys
@@ -121,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=None, help="default: <run dir>/checkpoints")
     p.add_argument("--no-trainguard", action="store_true", help="baseline without the in-rank library")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--timing-out", default=None, help="rank 0 writes its own step times (JSON) here")
     return p.parse_args(argv)
 
 
@@ -170,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"train_gpt: resumed from the checkpoint of step {restored}", flush=True)
 
     loss_value = float("nan")
+    step_seconds: list[float] = []
     for step in range(start_step + 1, args.steps + 1):
+        t_step = time.perf_counter()
         with worker.step(step) as s:
             with s.phase("data"):
                 x, y = batch_for(step, rank, args)
@@ -196,12 +200,16 @@ def main(argv: list[str] | None = None) -> int:
                 with s.phase("checkpoint"):
                     msd, osd = get_state_dict(model, opt)
                     ckpt.save(step, {"model": msd, "optim": osd, "rng": torch.get_rng_state()})
+        step_seconds.append(time.perf_counter() - t_step)
         if rank == 0 and (step % 10 == 0 or step == args.steps):
             print(f"train_gpt: step {step}/{args.steps} loss {loss_value:.6f}", flush=True)
     ckpt.wait()
     ckpt.close()
     if rank == 0:
         print(f"train_gpt: done, final loss {loss_value:.9f}", flush=True)
+        if args.timing_out:
+            with open(args.timing_out, "w") as fh:
+                json.dump({"step_seconds": step_seconds, "final_loss": loss_value}, fh)
     worker.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -209,5 +217,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    t0 = time.time()
     sys.exit(main())

@@ -72,3 +72,18 @@ def test_restart_budget_spent_stops_with_a_reason(tmp_path: Path) -> None:
     assert out["failures"][0]["kind"] == "exit" and out["failures"][0]["ranks"] == [0]
     ended = of_type(events(run_dir), "run_ended")
     assert ended[0]["status"] == "failed" and ended[0]["exit_code"] == 1
+
+
+@pytest.mark.slow
+def test_no_new_checkpoint_across_failed_attempts_stops_the_job(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    res = trainguard(
+        "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--max-restarts", "9",
+        "--no-progress-attempts", "2",
+        "--inject", "crash@step=2,rank=0,attempt=0;crash@step=2,rank=1,attempt=1;crash@step=2,rank=0,attempt=2",
+        "--", str(TRAIN_GPT), "--steps", "8", "--ckpt-every", "5", *TINY,
+    )
+    assert res.returncode == 1, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["status"] == "failed" and out["reason"].startswith("no progress")
+    assert out["attempts"] == 2 and [f["ranks"] for f in out["failures"]] == [[0], [1]]

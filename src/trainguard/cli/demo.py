@@ -24,11 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from trainguard.cli.run import add_common
 
     parser.add_argument("--ranks", type=int, default=4, help="ranks on this machine (default 4)")
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
     parser.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every N steps (default 5)")
-    parser.add_argument("--model", default="d_model=96,layers=2,heads=4,seq=48,batch=8",
-                        help="GPT size as key=value list (default d_model=96,layers=2,heads=4,seq=48,batch=8)")
+    parser.add_argument("--model", default="d_model=128,layers=2,heads=4,seq=64,batch=8",
+                        help="GPT size as key=value list (default d_model=128,layers=2,heads=4,seq=64,batch=8)")
     add_common(parser)
 
 
