@@ -217,3 +217,13 @@ def test_healthy_training_output_gives_no_evidence() -> None:
 def test_nvlink_link_down_is_a_gpu_fault() -> None:
     c = classify_text("nvidia-fabricmanager: GPU 0000:18:00.0 NVLink link 5 is down", "x")
     assert c.category == "Faulty GPU"
+
+
+def test_evidence_strings_carry_xid_codes_for_the_fleet_database() -> None:
+    import re
+
+    c = classify_text(XID79, "kern.log")
+    [line] = c.evidence_strings()
+    assert line.startswith("kern.log:1: ") and line.endswith("GPU has fallen off the bus.")
+    m = re.search(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", line)  # the fleet database's pattern
+    assert m is not None and m.group(1) == "79"

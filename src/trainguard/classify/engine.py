@@ -61,6 +61,11 @@ class Classification:
     skipped: tuple[str, ...] = ()
     """Files of a directory that were not read (binary, unreadable), with the reason."""
 
+    def evidence_strings(self) -> tuple[str, ...]:
+        """``file:line: text`` per evidence line, for `trainguard.events.Diagnosis.evidence` (the fleet
+        database reads XID codes from these strings)."""
+        return tuple(f"{e.file}:{e.line}: {e.text}" for e in self.evidence)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
