@@ -219,11 +219,7 @@ def test_nvlink_link_down_is_a_gpu_fault() -> None:
     assert c.category == "Faulty GPU"
 
 
-def test_evidence_strings_carry_xid_codes_for_the_fleet_database() -> None:
-    import re
 
+def test_evidence_strings() -> None:
     c = classify_text(XID79, "kern.log")
-    [line] = c.evidence_strings()
-    assert line.startswith("kern.log:1: ") and line.endswith("GPU has fallen off the bus.")
-    m = re.search(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", line)  # the fleet database's pattern
-    assert m is not None and m.group(1) == "79"
+    assert c.evidence_strings() == (f"kern.log:1: {XID79}",)
