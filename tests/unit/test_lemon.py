@@ -114,7 +114,9 @@ def test_flagged_hosts_from_a_real_fleet_database(tmp_path: Path) -> None:
     assert flagged_hosts(db_path) == {"node-b"}
     ranked = rank_hosts(db_path)
     assert ranked[0].host == "node-b" and ranked[0].counts["culprit"] == 2 and ranked[0].incidents >= 2
-    assert ranked[0].counts["xid_hardware"] == 2  # the XID code reached the database via the evidence
+    assert ranked[0].counts["xid_hardware"] == 2
+    with FleetDB(db_path) as db:  # the XID code reached the database through the evidence strings
+        assert {r.detail for r in db.host_history("node-b") if r.kind == "xid"} == {"79"}
     assert not {s.host: s for s in ranked}["node-c"].flagged
 
 
