@@ -223,3 +223,10 @@ def test_nvlink_link_down_is_a_gpu_fault() -> None:
 def test_evidence_strings() -> None:
     c = classify_text(XID79, "kern.log")
     assert c.evidence_strings() == (f"kern.log:1: {XID79}",)
+
+
+def test_follow_on_errors_are_partial_evidence_that_points_elsewhere() -> None:
+    c = classify_text("[rank2]: RuntimeError: CUDA error: unspecified launch failure", "x")
+    assert c.category == "Unknown" and "kernel log" in c.explanation and c.evidence[0].line == 1
+    c = classify_text("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients", "x")
+    assert c.category == "Unknown" and c.evidence and "rendezvous" in c.explanation
