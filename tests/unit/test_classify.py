@@ -103,6 +103,7 @@ def test_user_rules_extend_and_override(tmp_path: Path) -> None:
         ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 0.5\npattern = "(x"\n', "bad regular expression"),
         ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 5\npattern = "x"\n', "confidence"),
         ('[[rule]]\ncategory = "CPU"\nconfidence = 0.5\npattern = "x"\n', "needs an id"),
+        ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 0.5\npattern = "(?i)ab"\n', "without keywords"),
     ],
 )
 def test_bad_rules_files_are_input_errors(tmp_path: Path, body: str, message: str) -> None:
@@ -230,3 +231,10 @@ def test_follow_on_errors_are_partial_evidence_that_points_elsewhere() -> None:
     assert c.category == "Unknown" and "kernel log" in c.explanation and c.evidence[0].line == 1
     c = classify_text("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients", "x")
     assert c.category == "Unknown" and c.evidence and "rendezvous" in c.explanation
+
+
+def test_user_xid_pattern_for_another_format(tmp_path: Path) -> None:
+    f = tmp_path / "dcgm.toml"
+    f.write_text("[settings]\nxid_pattern = 'XID_ERRORS\\{gpu=\"(?P<gpu>\\d+)\"\\} (?P<code>\\d+)'\n")
+    c = classify_text('DCGM_FI_DEV_XID_ERRORS{gpu="3"} 79', "metrics.txt", rules=load_rules(f))
+    assert c.category == "Faulty GPU" and c.gpu == "3"

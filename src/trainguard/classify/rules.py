@@ -127,6 +127,16 @@ def _tier(where: str, value: Any, category: str) -> str:
     return str(value)
 
 
+def _check_embeddable(where: str, pattern: str) -> None:
+    """A rule without keywords puts its pattern into the scanner's pre-filter; make sure it fits there."""
+    stripped = re.sub(r"\(\?P<\w+>", "(?:", pattern)
+    try:
+        re.compile(b"(?:" + stripped.encode() + b")|x")
+    except re.error as exc:
+        raise _fail(where, f"pattern cannot be used without keywords ({exc}); add keywords, use "
+                           "ignore_case instead of inline flags, and avoid backreferences") from None
+
+
 def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
     rid = d.get("id")
     if not isinstance(rid, str) or not rid:
@@ -138,6 +148,9 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
     if not isinstance(keywords, list) or not all(isinstance(k, str) and k for k in keywords):
         raise _fail(where, "keywords must be a list of non-empty strings")
     unless = d.get("unless")
+    pattern = _regex(where, d.get("pattern"), ignore_case)
+    if not keywords:
+        _check_embeddable(where, pattern.pattern)
     yields_to = d.get("yields_to", [])
     if not isinstance(yields_to, list):
         raise _fail(where, "yields_to must be a list of categories")
@@ -146,7 +159,7 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
         category=category,
         confidence=_confidence(where, d.get("confidence")),
         tier=_tier(where, d.get("tier"), category),
-        pattern=_regex(where, d.get("pattern"), ignore_case),
+        pattern=pattern,
         keywords=tuple(keywords),
         unless=_regex(where, unless, ignore_case) if unless is not None else None,
         ignore_case=ignore_case,

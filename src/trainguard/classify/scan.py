@@ -101,6 +101,8 @@ class Scanner:
         self.max_line_bytes = max_line_bytes
         keywords = {"Xid", *rules.source_host_keywords}
         parts: list[bytes] = []
+        if "Xid" not in rules.xid_pattern.pattern:  # a user pattern for another XID format
+            parts.append(f"(?:{_strip_groups(rules.xid_pattern.pattern)})".encode())
         for r in rules.rules:
             if r.keywords:
                 keywords.update(r.keywords)
