@@ -171,7 +171,9 @@ class GuardAgent(LocalElasticAgent):
         if health is not None and run_checks is not None and self.cfg.health_checks:
             results = run_checks(health.HealthConfig(
                 node=self.cfg.node_id, run_dir=self.cfg.run_dir, checkpoint_dir=self.cfg.checkpoint_dir,
-                rdzv_endpoint=self.cfg.rdzv_endpoint, torch_checks=False, gpu_checks=self.cfg.gpu_checks,
+                # The store only exists once the first rendezvous ran: check it on restarts only.
+                rdzv_endpoint=self.cfg.rdzv_endpoint if self.attempt > 0 else None,
+                torch_checks=False, gpu_checks=self.cfg.gpu_checks,
             ))
             for r in results:
                 self.emit(HealthCheckResult(time=time.time(), host=self.cfg.node_id, name=r.name,

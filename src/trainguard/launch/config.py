@@ -34,7 +34,8 @@ class SupervisorConfig:
     """The ``--inject`` schedule (already validated)."""
     checkpoint_dir_override: Path | None = None
     health_checks: bool = True
-    gpu_checks: bool = False
+    gpu_checks: bool = True
+    """GPU health checks (they skip themselves where NVML or GPUs are absent)."""
     fleet_db: str | None = None
     target_steps: int | None = None
     last_call_seconds: int = 2
