@@ -159,3 +159,13 @@ def test_empty_dir_and_missing_path_are_input_errors(tmp_path: Path) -> None:
     (tmp_path / "readme.txt").write_text("hi")
     with pytest.raises(InputError):
         diagnose_path(tmp_path)
+
+
+def test_entries_that_are_not_dicts_are_skipped(tmp_path: Path) -> None:
+    write_dumps(SynthConfig(ranks=3, entries_per_rank=10, fault="hang", culprit=2), tmp_path)
+    raw = rank_dump(SynthConfig(ranks=3, entries_per_rank=10, fault="hang", culprit=2), 1)
+    assert raw is not None
+    raw["entries"] = ["junk", 7, *raw["entries"]]
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(raw, protocol=2))
+    rep = diagnose_path(tmp_path)
+    assert rep.verdict == "hang" and rep.culprit_ranks == (2,)

@@ -152,6 +152,7 @@ def _analyze(
             warnings.append(FileWarning(d.path.name, note))
         versions[d.rank] = (d.fmt.version, d.path.name)
         matcher.add(d)
+    matcher.finish()
     if not matcher.ranks:
         reasons = "; ".join(f"{w.file}: {w.message}" for w in warnings[:3])
         raise InputError(f"{path or 'input'}: no valid flight-recorder dump among {candidates} file(s)"

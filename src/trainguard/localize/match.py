@@ -1,15 +1,26 @@
 """Matching collectives across ranks, one dump at a time, keeping only what the verdicts need.
 
 Per process group and collective sequence number the first signature seen (op, sizes, dtypes) is the
-reference; ranks that disagree are recorded with their own signature. Per (rank, group) only the last
-entry and the unfinished ones are kept, so memory grows with ranks x groups, not with ring size.
+reference; ranks that disagree are recorded with their own signature and count. Per (rank, group) only
+the last entry and the unfinished ones are kept.
+
+Fast path: a rank's *relative trace* is its list of (pg_id, seq, op, sizes, dtypes, state, retired),
+built in C with ``operator.itemgetter``. pg_id is the rank-local number of a group, so ranks of
+different tensor-parallel groups usually have equal relative traces. A rank whose relative trace equals
+a recent template rank's is recorded as a *virtual member* of its groups: nothing is matched entry by
+entry. A group whose members all come from one source (one template's slot) cannot disagree with
+itself; only a group fed by several sources is *materialized* (the template's entries replayed once,
+weighted by its virtual members). A group whose members (pg_config) were all read is finalized: only
+its first divergence and newest sequence number stay, so memory stays bounded.
 """
 
 from __future__ import annotations
 
 import ast
 import logging
+import operator
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +40,43 @@ _RANK_DEPENDENT_SIZES = frozenset(
 _P2P_NAME = re.compile(r"^(send|recv)\b")
 _SEND = re.compile(r"send\s+(\d+)\s*->\s*(\d+)")
 _RECV = re.compile(r"recv\s+(\d+)\s*<-\s*(\d+)")
+_FAST_GET = operator.itemgetter("pg_id", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
+                                "input_dtypes", "output_dtypes", "state", "retired")
+_TEMPLATES = 4
+"""Recent templates a new rank is compared with."""
+_PENDING_TEMPLATES = 32
+"""Templates kept alive for later materialization; beyond that the oldest is materialized and freed."""
+
+
+@dataclass(slots=True)
+class Variant:
+    """One signature held by some ranks at one sequence number."""
+
+    sig: tuple[Any, ...]
+    """(op, input_sizes, output_sizes, input_dtypes, output_dtypes); sizes None for uneven ops."""
+    holders: list[int]
+    """Ranks holding it (the first `HOLDER_CAP`)."""
+    count: int
+    entry: dict[str, Any]
+    """A holder's raw entry, turned into evidence only when needed (see `view`)."""
+    entry_rank: int
+    """The rank that entry came from."""
+    seq: int
+    gloo: bool
+    members: tuple[int, ...] | None
+
+    @property
+    def view(self) -> EntryView:
+        """The entry as evidence."""
+        gloo = self.gloo
+        done = self.entry.get("retired") is True if gloo else self.entry.get("state") == "completed"
+        return make_view(self.entry_rank, self.entry, self.seq, False, done, gloo, self.members)
+
+    def add(self, ranks: list[int]) -> None:
+        self.count += len(ranks)
+        room = HOLDER_CAP - len(self.holders)
+        if room > 0:
+            self.holders.extend(ranks[:room])
 
 
 @dataclass(slots=True)
@@ -40,29 +88,40 @@ class SeqRecord:
     out_sizes: Any
     in_dtypes: Any
     out_dtypes: Any
-    ref_holders: list[int]
-    """Ranks that hold the reference signature (the first `HOLDER_CAP`)."""
-    ref_view: EntryView
-    """The first rank's entry (evidence when this sequence number turns out to diverge)."""
-    ref_count: int = 1
+    ref: Variant
     deviants: dict[str, Variant] | None = None
     """repr(signature) -> the ranks that disagree with the reference with that signature."""
 
-    @property
-    def ref(self) -> tuple[Any, ...]:
-        return (self.op, self.in_sizes, self.out_sizes, self.in_dtypes, self.out_dtypes)
+    def variants(self) -> list[Variant]:
+        return [self.ref, *(self.deviants or {}).values()]
 
 
-@dataclass
-class Variant:
-    """One signature held by some ranks at one sequence number."""
+@dataclass(slots=True)
+class _Slot:
+    """Where one group's entries sit in a template's trace."""
 
-    sig: tuple[Any, ...]
-    holders: list[int]
-    """Ranks holding it (the first `HOLDER_CAP`)."""
-    count: int
-    view: EntryView
-    """The first holder's entry."""
+    first_pos: int
+    last_pos: int
+    last_seq: int
+    positions: list[int]
+    """Entries with a collective sequence number (what replay walks)."""
+    active: list[tuple[int, int, bool]]
+    """(position, seq, is_p2p) of unfinished entries."""
+
+
+@dataclass(eq=False)
+class _Template:
+    """A rank read entry by entry, whose relative trace later ranks are compared with."""
+
+    rank: int
+    sigs: list[tuple[Any, ...]] | None
+    entries: list[dict[str, Any]] | None
+    slots: dict[Any, _Slot]
+    """pg_id -> where that group's entries are."""
+    own_groups: dict[Any, str]
+    """pg_id -> the template rank's own group name."""
+    virtual: dict[tuple[Any, str], list[int]] = field(default_factory=dict)
+    """(pg_id, group name) -> ranks whose trace equals this one, not yet materialized."""
 
 
 @dataclass
@@ -78,6 +137,10 @@ class GroupAcc:
     pg_ids: dict[int, str] = field(default_factory=dict)
     """Rank -> its local pg_id for this group (to read that rank's pg_status)."""
     status: dict[int, dict[str, int]] = field(default_factory=dict)
+    sources: dict[Any, tuple[_Template, Any] | None] = field(default_factory=dict)
+    """Where members came from: (template, pg_id) for template ranks and their virtual members,
+    None for ranks matched entry by entry without a template."""
+    finalized: bool = False
 
     def members(self, world: set[int] | None = None) -> list[int]:
         if self.config_ranks:
@@ -85,6 +148,14 @@ class GroupAcc:
         if self.desc == "default_pg" and world:
             return sorted(world | set(self.ranks))
         return sorted(self.ranks)
+
+    def first_divergence(self) -> int | None:
+        bad = [s for s, rec in self.seqs.items() if rec.deviants]
+        return min(bad) if bad else None
+
+
+def _int(value: Any, default: int = -1) -> int:
+    return value if isinstance(value, int) else default
 
 
 def op_name(profiling_name: str) -> str:
@@ -105,7 +176,8 @@ def _frames(raw: Any) -> tuple[str, ...]:
     out = []
     for f in raw[:MAX_FRAMES]:
         if isinstance(f, dict):
-            out.append(f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})")
+            # interned: thousands of ranks share the same frames
+            out.append(sys.intern(f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"))
     return tuple(out)
 
 
@@ -124,56 +196,69 @@ def _parse_ranks(raw: Any) -> tuple[int, ...] | None:
     return tuple(vals) or None
 
 
+def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, gloo: bool,
+              members: tuple[int, ...] | None) -> EntryView:
+    """The evidence record of one raw entry."""
+    prof = str(e.get("profiling_name", ""))
+    peer = None
+    if is_p2p:
+        m = _SEND.search(prof) or _RECV.search(prof)
+        if m:
+            local = int(m.group(2))
+            peer = members[local] if members and local < len(members) else local
+    started = e.get("time_discovered_started_ns")
+    state = str(e.get("state", ""))
+    if not gloo and state == "scheduled" and started:
+        state = "started"
+    return EntryView(
+        rank=rank,
+        record_id=_int(e.get("record_id")),
+        seq=seq,
+        op=op_name(prof),
+        profiling_name=prof,
+        is_p2p=is_p2p,
+        state=state,
+        completed=done,
+        input_sizes=e.get("input_sizes"),
+        output_sizes=e.get("output_sizes"),
+        input_dtypes=e.get("input_dtypes"),
+        output_dtypes=e.get("output_dtypes"),
+        peer=peer,
+        frames=_frames(e.get("frames")),
+        time_created_ns=e.get("time_created_ns"),
+        retired=bool(e.get("retired")),
+    )
+
+
 class Matcher:
-    """Feed dumps with `add`; read `groups` afterwards. Dumps may come in any rank order."""
+    """Feed dumps with `add`, then call `finish`; read `groups` afterwards. Any rank order works."""
 
     def __init__(self) -> None:
         self.groups: dict[str, GroupAcc] = {}
         self.ranks: set[int] = set()
         self.backends: set[str] = set()
         self.versions: dict[str, int] = {}
+        self.fast_ranks = 0
+        """Ranks recorded through the fast path (reported by the benchmark)."""
         self._names: dict[str, tuple[str, bool, bool, bool]] = {}
         self._config_read = False
+        self._templates: list[_Template] = []
+        self._pending: list[_Template] = []
+        self._seen: dict[str, int] = {}
+        self._pg_config: dict[str, Any] = {}
 
     def _group(self, name: str, desc: str) -> GroupAcc:
         g = self.groups.get(name)
         if g is None:
             g = self.groups[name] = GroupAcc(name=name, desc=desc)
+            cfg = self._pg_config.get(name)
+            if isinstance(cfg, dict):
+                g.config_ranks = _parse_ranks(cfg.get("ranks"))
         elif desc and not g.desc:
             g.desc = desc
         return g
 
-    def _view(self, rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool,
-              gloo: bool, members: tuple[int, ...] | None) -> EntryView:
-        prof = str(e.get("profiling_name", ""))
-        peer = None
-        if is_p2p:
-            m = _SEND.search(prof) or _RECV.search(prof)
-            if m:
-                local = int(m.group(2))
-                peer = members[local] if members and local < len(members) else local
-        started = e.get("time_discovered_started_ns")
-        state = str(e.get("state", ""))
-        if not gloo and state == "scheduled" and started:
-            state = "started"
-        return EntryView(
-            rank=rank,
-            record_id=int(e.get("record_id", -1) or -1),
-            seq=seq,
-            op=op_name(prof),
-            profiling_name=prof,
-            is_p2p=is_p2p,
-            state=state,
-            completed=done,
-            input_sizes=e.get("input_sizes"),
-            output_sizes=e.get("output_sizes"),
-            input_dtypes=e.get("input_dtypes"),
-            output_dtypes=e.get("output_dtypes"),
-            peer=peer,
-            frames=_frames(e.get("frames")),
-            time_created_ns=e.get("time_created_ns"),
-            retired=bool(e.get("retired")),
-        )
+    # --- reading one dump ----------------------------------------------------------------------
 
     def add(self, dump: Dump) -> None:
         """Match one rank's entries against what was read before; the dump can be dropped afterwards."""
@@ -183,6 +268,7 @@ class Matcher:
         if dump.pg_config and not self._config_read:
             # Every rank lists every group (groups are created collectively): read it once.
             self._config_read = True
+            self._pg_config = dump.pg_config
             for key, cfg in dump.pg_config.items():
                 if not key or not isinstance(cfg, dict) or not cfg.get("name", key):
                     continue  # gloo writes one broken entry keyed '': ignore it
@@ -190,19 +276,83 @@ class Matcher:
                 g = self._group(str(key), str(cfg.get("desc", "")))
                 if ranks and g.config_ranks is None:
                     g.config_ranks = ranks
+        entries = dump.entries
+        for e in entries[:1]:
+            prof = str(e.get("profiling_name", "")) if isinstance(e, dict) else ""
+            if ":" in prof:
+                self.backends.add(prof.split(":", 1)[0])
+        sigs: list[tuple[Any, ...]] | None = None
+        if dump.fmt.seq_key == "collective_seq_id" and entries:
+            try:
+                sigs = list(map(_FAST_GET, entries))
+            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
+                sigs = None
+        touched = None
+        if sigs is not None:
+            for t in self._templates:
+                if t.sigs == sigs:
+                    touched = self._clone(rank, entries, dump.pg_config, t)
+                    if touched is not None:
+                        self.fast_ranks += 1
+                        break
+        if touched is None:
+            touched = self._slow(rank, dump, sigs)
+        for g in touched:
+            pg_id = g.pg_ids.get(rank)
+            if pg_id is not None and pg_id in dump.pg_status:
+                g.status[rank] = dump.pg_status[pg_id]
+            seen = self._seen[g.name] = self._seen.get(g.name, 0) + 1
+            if g.config_ranks and not g.finalized and seen >= len(g.config_ranks):
+                self._finalize(g)
+
+    def _clone(self, rank: int, entries: list[dict[str, Any]], pg_config: dict[str, Any],
+               t: _Template) -> list[GroupAcc] | None:
+        """The rank did what template ``t`` did, group for group: record it as a virtual member."""
+        placed: list[tuple[Any, _Slot, GroupAcc]] = []
+        for pg_id, slot in t.slots.items():
+            pg = entries[slot.first_pos].get("process_group")
+            if not isinstance(pg, (list, tuple)) or not pg:
+                return None
+            g = self._group(str(pg[0]), str(pg[1]) if len(pg) > 1 else "")
+            if rank in g.ranks:
+                return None  # the same rank twice in one group: let the slow path sort it out
+            placed.append((pg_id, slot, g))
+        touched = []
+        for pg_id, slot, g in placed:
+            if g.config_ranks is None and g.name in pg_config:
+                cfg = pg_config[g.name]
+                g.config_ranks = _parse_ranks(cfg.get("ranks")) if isinstance(cfg, dict) else None
+            st = g.ranks[rank] = RankGroupState(last_seq=slot.last_seq)
+            g.pg_ids[rank] = str(pg_id)
+            members = g.config_ranks
+            if slot.last_pos >= 0:
+                e = entries[slot.last_pos]
+                gloo, done = _done(e)
+                st.last = make_view(rank, e, slot.last_seq, False, done, gloo, members)
+            for pos, seq, is_p2p in slot.active:
+                e = entries[pos]
+                st.active.append(make_view(rank, e, seq, is_p2p, False, _done(e)[0], members))
+            t.virtual.setdefault((pg_id, g.name), []).append(rank)
+            g.sources[(id(t), pg_id)] = (t, pg_id)
+            touched.append(g)
+        return touched
+
+    def _slow(self, rank: int, dump: Dump, sigs: list[tuple[Any, ...]] | None) -> list[GroupAcc]:
+        """Match entry by entry; remember the rank as a template when its relative trace is known."""
         seq_key = dump.fmt.seq_key
         has_flag = dump.fmt.has_p2p_flag
         names = self._names
-        local: dict[Any, tuple[GroupAcc, RankGroupState]] = {}
-        last_raw: dict[str, tuple[dict[str, Any], int]] = {}
+        local: dict[Any, tuple[GroupAcc, RankGroupState, _Slot, Any]] = {}
         cap = HOLDER_CAP
-        for e in dump.entries:
+        entries = dump.entries if sigs is not None else [e for e in dump.entries if isinstance(e, dict)]
+        for idx, e in enumerate(entries):
             pg = e.get("process_group")
             key = pg[0] if pg.__class__ in (tuple, list) and pg else e.get("pg_id", "?")
             cached = local.get(key)
             if cached is None:
-                cached = local[key] = self._rank_group(rank, e, pg, dump.pg_config)
-            g, st = cached
+                g0, st0 = self._rank_group(rank, e, pg, dump.pg_config)
+                cached = local[key] = (g0, st0, _Slot(idx, -1, -1, [], []), e.get("pg_id"))
+            g, st, slot, _ = cached
             prof = e.get("profiling_name") or ""
             info = names.get(prof)
             if info is None:
@@ -211,18 +361,20 @@ class Matcher:
             done = e.get("retired") is True if gloo else e.get("state") == "completed"
             if e.get("is_p2p") if has_flag else p2p_by_name:
                 if not done:
-                    p2p_seq = e.get("p2p_seq_id", e.get(seq_key))
-                    p2p_seq = p2p_seq if isinstance(p2p_seq, int) else -1
-                    st.active.append(self._view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
+                    p2p_seq = _int(e.get("p2p_seq_id", e.get(seq_key)))
+                    st.active.append(make_view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
+                    slot.active.append((idx, p2p_seq, True))
                 continue
             seq = e.get(seq_key)
             if seq.__class__ is not int:
                 continue
+            slot.positions.append(idx)
             if seq > st.last_seq:
                 st.last_seq = seq
-                last_raw[g.name] = (e, seq)
+                slot.last_pos = idx
             if not done:
-                st.active.append(self._view(rank, e, seq, False, done, gloo, g.config_ranks))
+                st.active.append(make_view(rank, e, seq, False, done, gloo, g.config_ranks))
+                slot.active.append((idx, seq, False))
             if rank_dependent:
                 in_sizes = out_sizes = None
             else:
@@ -233,27 +385,49 @@ class Matcher:
             rec = g.seqs.get(seq)
             if (rec is not None and rec.op == op and rec.in_sizes == in_sizes and rec.out_sizes == out_sizes
                     and rec.in_dtypes == in_dtypes and rec.out_dtypes == out_dtypes):
-                rec.ref_count += 1
-                if len(rec.ref_holders) < cap:
-                    rec.ref_holders.append(rank)
-                continue
-            sig = (op, in_sizes, out_sizes, in_dtypes, out_dtypes)
-            self._match_slow(g, rec, rank, seq, e, sig, done, gloo)
-        groups = self.groups
-        for gname, (e, seq) in last_raw.items():
-            g = groups[gname]
-            prof = str(e.get("profiling_name", ""))
-            gloo = prof.startswith("gloo:")
-            done = bool(e.get("retired")) if gloo else e.get("state") == "completed"
-            g.ranks[rank].last = self._view(rank, e, seq, False, done, gloo, g.config_ranks)
-        for g in groups.values():
-            pg_id = g.pg_ids.get(rank)
-            if pg_id is not None and pg_id in dump.pg_status and rank in g.ranks:
-                g.status[rank] = dump.pg_status[pg_id]
-        for e in dump.entries[:1]:
-            prof = str(e.get("profiling_name", ""))
-            if ":" in prof:
-                self.backends.add(prof.split(":", 1)[0])
+                var = rec.ref
+                var.count += 1
+                if len(var.holders) < cap:
+                    var.holders.append(rank)
+            else:
+                sig = (op, in_sizes, out_sizes, in_dtypes, out_dtypes)
+                self._record(g, rec, rank, seq, e, sig, gloo, [rank])
+        template = None
+        if sigs is not None and len({pg_id for *_, pg_id in local.values()}) == len(local):
+            template = _Template(rank, sigs, entries, {}, {})
+        touched = []
+        for g, st, slot, pg_id in local.values():
+            slot.last_seq = st.last_seq
+            if slot.last_pos >= 0:
+                e = entries[slot.last_pos]
+                gloo, done = _done(e)
+                st.last = make_view(rank, e, st.last_seq, False, done, gloo, g.config_ranks)
+            if template is not None:
+                template.slots[pg_id] = slot
+                template.own_groups[pg_id] = g.name
+                g.sources[(id(template), pg_id)] = (template, pg_id)
+            else:
+                g.sources[("rank", rank)] = None
+            touched.append(g)
+        if template is not None:
+            self._templates.insert(0, template)
+            for old in self._templates[_TEMPLATES:]:
+                self._retire(old)
+            del self._templates[_TEMPLATES:]
+        return touched
+
+    def _retire(self, t: _Template) -> None:
+        """``t`` no longer takes new virtual members: free it, or keep it until it is materialized."""
+        if not t.virtual:
+            t.sigs = t.entries = None
+            return
+        t.sigs = None
+        self._pending.append(t)
+        if len(self._pending) > _PENDING_TEMPLATES:
+            oldest = self._pending.pop(0)
+            for (pg_id, gname) in list(oldest.virtual):
+                self._replay(oldest, pg_id, self.groups[gname])
+            oldest.entries = None
 
     def _rank_group(self, rank: int, e: dict[str, Any], pg: Any,
                     pg_config: dict[str, Any]) -> tuple[GroupAcc, RankGroupState]:
@@ -271,22 +445,81 @@ class Matcher:
             g.pg_ids[rank] = str(e.get("pg_id", ""))
         return g, st
 
-    def _match_slow(self, g: GroupAcc, rec: SeqRecord | None, rank: int, seq: int, e: dict[str, Any],
-                    sig: tuple[Any, ...], done: bool, gloo: bool) -> None:
-        """First rank at this sequence number, or a rank that disagrees with the reference."""
+    def _record(self, g: GroupAcc, rec: SeqRecord | None, entry_rank: int, seq: int, e: dict[str, Any],
+                sig: tuple[Any, ...], gloo: bool, ranks: list[int]) -> None:
+        """``ranks`` hold ``sig`` at ``seq``: the first record there, or a disagreement with it."""
         if rec is None:
-            view = self._view(rank, e, seq, False, done, gloo, g.config_ranks)
+            ref = Variant(sig=sig, holders=ranks[:HOLDER_CAP], count=len(ranks), entry=e, entry_rank=entry_rank,
+                          seq=seq, gloo=gloo, members=g.config_ranks)
             g.seqs[seq] = SeqRecord(op=sig[0], in_sizes=sig[1], out_sizes=sig[2], in_dtypes=sig[3],
-                                    out_dtypes=sig[4], ref_holders=[rank], ref_view=view)
+                                    out_dtypes=sig[4], ref=ref)
             return
         if rec.deviants is None:
             rec.deviants = {}
         key = repr(sig)
         var = rec.deviants.get(key)
         if var is None:
-            view = self._view(rank, e, seq, False, done, gloo, g.config_ranks)
-            rec.deviants[key] = Variant(sig=sig, holders=[rank], count=1, view=view)
+            rec.deviants[key] = Variant(sig=sig, holders=ranks[:HOLDER_CAP], count=len(ranks), entry=e,
+                                        entry_rank=entry_rank, seq=seq, gloo=gloo, members=g.config_ranks)
         else:
-            var.count += 1
-            if len(var.holders) < HOLDER_CAP:
-                var.holders.append(rank)
+            var.add(ranks)
+
+    # --- materializing virtual members -----------------------------------------------------------
+
+    def _replay(self, t: _Template, pg_id: Any, g: GroupAcc) -> None:
+        """Count ``t``'s virtual members of ``g`` entry by entry, once, with their weight."""
+        ranks = t.virtual.pop((pg_id, g.name), None)
+        if not ranks or t.entries is None:
+            return
+        slot = t.slots[pg_id]
+        names = self._names
+        for pos in slot.positions:
+            e = t.entries[pos]
+            prof = e.get("profiling_name") or ""
+            info = names.get(prof)
+            if info is None:
+                info = names[prof] = _name_info(prof)
+            op, rank_dependent, gloo, _ = info
+            seq = e["collective_seq_id"]
+            in_sizes = None if rank_dependent else e.get("input_sizes")
+            out_sizes = None if rank_dependent else e.get("output_sizes")
+            sig = (op, in_sizes, out_sizes, e.get("input_dtypes"), e.get("output_dtypes"))
+            rec = g.seqs.get(seq)
+            if rec is not None and (rec.op, rec.in_sizes, rec.out_sizes, rec.in_dtypes, rec.out_dtypes) == sig:
+                rec.ref.add(ranks)
+            else:
+                self._record(g, rec, t.rank, seq, e, sig, gloo, ranks)
+
+    def _materialize(self, g: GroupAcc) -> None:
+        """A group fed by several sources: replay every template's virtual members of it."""
+        if len(g.sources) <= 1:
+            return  # one source cannot disagree with itself
+        for src in list(g.sources.values()):
+            if src is not None:
+                self._replay(src[0], src[1], g)
+
+    def _finalize(self, g: GroupAcc) -> None:
+        """Every member was read: keep only the first divergence and the newest sequence number."""
+        self._materialize(g)
+        for src in g.sources.values():
+            if src is not None:  # a single source: its virtual members of g need no replay
+                src[0].virtual.pop((src[1], g.name), None)
+        keep = {s for s in (g.first_divergence(), max(g.seqs, default=None)) if s is not None}
+        g.seqs = {s: g.seqs[s] for s in keep}
+        g.sources = {}
+        g.finalized = True
+
+    def finish(self) -> None:
+        """Materialize what is still pending; call once after the last `add`."""
+        for g in self.groups.values():
+            if not g.finalized:
+                self._materialize(g)
+        self._templates.clear()
+        self._pending.clear()
+
+
+def _done(e: dict[str, Any]) -> tuple[bool, bool]:
+    """(gloo, finished) for one raw entry."""
+    prof = e.get("profiling_name") or ""
+    gloo = prof.startswith("gloo:")
+    return gloo, (e.get("retired") is True if gloo else e.get("state") == "completed")

@@ -87,7 +87,8 @@ class Dump:
     rank: int
     path: Path
     fmt: FormatInfo
-    entries: list[dict[str, Any]]
+    entries: list[Any]
+    """Raw entries (dicts in any real dump; anything else is skipped when matching)."""
     pg_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     pg_status: dict[str, dict[str, int]] = field(default_factory=dict)
     comm_lib_version: str = ""
@@ -174,7 +175,7 @@ def decode_dump(data: bytes, rank: int, path: Path) -> Dump:
         rank=rank,
         path=path,
         fmt=fmt,
-        entries=[e for e in entries if isinstance(e, dict)],
+        entries=entries,  # items that are not dicts are skipped by the matcher
         pg_config=pg_config if isinstance(pg_config, dict) else {},
         pg_status=_normalise_status(top.get("pg_status")),
         comm_lib_version=lib if isinstance(lib, str) else "",

@@ -160,7 +160,7 @@ class _Gen:
         offset = len(sched) - len(window)
         for i, (group, desc, pg_id, op, seq) in enumerate(window):
             final = i == len(window) - 1
-            stuck = final and in_fault
+            stuck = final and in_fault and not (cfg.fault == "hang" and rank == cfg.culprit)
             if final and rank == cfg.culprit and cfg.fault == "desync":
                 op = "all_gather"
             size = 1000 if final and rank == cfg.culprit and cfg.fault == "mismatch" else 1024

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from trainguard.localize.match import GroupAcc, Matcher, Variant
+from trainguard.localize.match import GroupAcc, Matcher
 from trainguard.localize.model import EntryView, Problem
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,10 @@ def _problem(g: GroupAcc, members: list[int], ctx: Context, **kw: object) -> Pro
 
 
 def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Context) -> Problem | None:
-    bad = [s for s, rec in g.seqs.items() if rec.deviants]
-    if not bad:
+    seq = g.first_divergence()
+    if seq is None:
         return None
-    seq = min(bad)
-    rec = g.seqs[seq]
-    assert rec.deviants is not None
-    variants = [Variant(rec.ref, rec.ref_holders, rec.ref_count, rec.ref_view), *rec.deviants.values()]
+    variants = g.seqs[seq].variants()
     variants.sort(key=lambda v: -v.count)
     tie = len(variants) > 1 and variants[0].count == variants[1].count
     minority = variants if tie else variants[1:]
@@ -133,7 +130,7 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
             waiting_views.append(st.last)
     waiting = tuple(v.rank for v in waiting_views)
     behind = tuple(r for r in present if last[r] < top)
-    op = waiting_views[0].op if waiting_views else (g.seqs[top].ref_view.op if top in g.seqs else "")
+    op = waiting_views[0].op if waiting_views else (g.seqs[top].ref.view.op if top in g.seqs else "")
     label = _label(g)
     if waiting:
         culprits = tuple(sorted(set(behind) | set(missing)))
