@@ -203,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         step_seconds.append(time.perf_counter() - t_step)
         if rank == 0 and (step % 10 == 0 or step == args.steps):
             print(f"train_gpt: step {step}/{args.steps} loss {loss_value:.6f}", flush=True)
-    ckpt.wait()
-    ckpt.close()
+    with worker.phase("checkpoint"):  # a pending async save may still be writing
+        ckpt.wait()
+        ckpt.close()
     if rank == 0:
         print(f"train_gpt: done, final loss {loss_value:.9f}", flush=True)
         if args.timing_out:

@@ -49,6 +49,8 @@ def test_checkpoint_phase_gets_its_allowance_but_not_forever() -> None:
     assert w.check({0: saving}, now=225.0) is None  # past the 4 s timeout, inside the allowance
     assert w.check({0: saving}, now=231.0) is not None
     assert w.check({0: beat(10, 200.0, phase="comm_wait", pt=200.5)}, now=205.0) is not None
+    # A rank that finished training and shuts down (waits for the others) is not hung either.
+    assert w.check({0: beat(10, 200.0, phase="done", pt=201.0)}, now=225.0) is None
 
 
 def test_process_group_timeout_exceeds_every_watchdog_deadline() -> None:

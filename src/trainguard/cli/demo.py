@@ -60,7 +60,7 @@ class _Watcher(threading.Thread):
         self.run_dir, self.node, self.steps = run_dir, node, steps
         self.stop = threading.Event()
         self._offset = 0
-        self._last_step = -1
+        self._next_report = 10
 
     def _events(self) -> list[dict[str, Any]]:
         import json
@@ -101,8 +101,8 @@ class _Watcher(threading.Thread):
             elif t == "node_excluded":
                 print(f"demo: node {e['node']} excluded: {e['reason']}", file=sys.stderr)
         step = self._step()
-        if step is not None and step > self._last_step and (step % 10 == 0 or step == self.steps):
-            self._last_step = step
+        if step is not None and step >= self._next_report:
+            self._next_report = (step // 10 + 1) * 10
             print(f"demo: step {step}/{self.steps}", file=sys.stderr)
 
     def run(self) -> None:

@@ -99,7 +99,7 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
             except Exception as exc:
                 log.debug("rendezvous shutdown: %s", exc)
     steps = _completed_steps(agent) if agent.attempt >= 0 else None
-    if agent.leader:
+    if agent.leader and status != "excluded":  # an excluded node no longer speaks for the job
         agent.emit(RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status,
                             reason=reason, exit_code=code, completed_steps=steps))
     agent.events.close()

@@ -5,7 +5,8 @@ its last completed step. A rank is hung when no step ended for longer than its d
 
 * before its first step in an attempt: ``first_step_allowance_seconds`` from the attempt's start
   (imports, process-group set-up, checkpoint restore);
-* inside a ``checkpoint`` phase: at least ``checkpoint_allowance_seconds`` from the phase's start;
+* inside a ``checkpoint`` phase, or ``done`` (training over, the rank is shutting down): at least
+  ``checkpoint_allowance_seconds`` from the phase's start;
 * otherwise ``max(floor_seconds, multiplier * median step time)`` from the last step's end.
 """
 
@@ -15,6 +16,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+_ALLOWANCE_PHASES = ("checkpoint", "done")
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,12 @@ class Watchdog:
             if beat is None or beat["steps_done"] == 0 or beat["time"] < self.attempt_start:
                 deadline = self.attempt_start + self.config.first_step_allowance_seconds
                 last = self.attempt_start
-                if beat is not None and beat["phase"] == "checkpoint":
+                if beat is not None and beat["phase"] in _ALLOWANCE_PHASES:
                     deadline = max(deadline, beat["phase_start"] + self.config.checkpoint_allowance_seconds)
             else:
                 last = beat["time"]
                 deadline = last + timeout
-                if beat["phase"] == "checkpoint":
+                if beat["phase"] in _ALLOWANCE_PHASES:
                     deadline = max(deadline, beat["phase_start"] + self.config.checkpoint_allowance_seconds)
             last_steps[rank] = beat["step"] if beat is not None else 0
             progress.append(last)

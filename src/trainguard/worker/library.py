@@ -222,6 +222,8 @@ class Worker:
             self._beat("idle")
 
     def close(self) -> None:
+        """Training is over for this rank: the agent stops applying the step timeout to it."""
+        self._beat("done")
         if self._control is not None:
             self._control.close()
         if self.events is not None:
