@@ -41,6 +41,7 @@ def _files(directory: Path) -> list[Path]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    import logging
     from datetime import timedelta
 
     import torch
@@ -48,6 +49,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed.checkpoint as dcp
 
     from trainguard.checkpoint import Checkpointer
+
+    if os.environ.get("TG_BENCH_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG, format=f"rank{args.rank} %(message)s")
 
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -72,14 +76,21 @@ def worker(args: argparse.Namespace) -> None:
         dist.all_reduce(box, op=dist.ReduceOp.MAX, group=timing_pg)
         return float(box)
 
-    def timed(fn: Any) -> float:
+    def settle() -> None:
+        """Start every measurement with no dirty pages pending (ours or anyone's), then align the ranks."""
+        if rank == 0:
+            os.sync()
         dist.barrier(group=timing_pg)
+
+    def timed(fn: Any) -> float:
+        settle()
         start = time.perf_counter()
         fn()
         return slowest(time.perf_counter() - start)
 
     out: dict[str, Any] = {"mb": round(mb, 1), "ranks": world, "directory": str(base)}
-    runs: dict[str, list[float]] = {k: [] for k in ("raw_write", "dcp_save", "sync_save", "async_block", "async_total")}
+    keys = ("raw_write", "dcp_save", "sync_save", "sync_save_crc32", "async_block", "async_total")
+    runs: dict[str, list[float]] = {k: [] for k in keys}
     raw = base / f"raw-{rank}.bin"
     payload = memoryview(torch.cat([t.view(torch.uint8) for t in shards.values()]).numpy())
 
@@ -94,27 +105,40 @@ def worker(args: argparse.Namespace) -> None:
 
     # Long-lived checkpointers, warmed up once (first use of their gloo groups, staging buffers), as in a job.
     sync = Checkpointer(base / "sync", async_save=False, keep_last=100)
+    crc = Checkpointer(base / "crc32", async_save=False, keep_last=100, checksum="crc32")
     asy = Checkpointer(base / "async", async_save=True, keep_last=100)
     sync.save(0, {"rank_local": shards})
+    crc.save(0, {"rank_local": shards})
     asy.save(0, {"rank_local": shards})
     asy.wait()
-    for rep in range(1, args.repeats + 1):
-        runs["raw_write"].append(timed(raw_write))
-        plain = base / f"plain-{rep}"
-        runs["dcp_save"].append(timed(lambda p=plain: dcp.save({"rank_local": {str(rank): shards}}, checkpoint_id=p)))
-        runs["sync_save"].append(timed(lambda r=rep: sync.save(r, {"rank_local": shards})))
-        dist.barrier(group=timing_pg)
+
+    def async_save(rep: int) -> None:
+        settle()
         start = time.perf_counter()
         asy.save(rep, {"rank_local": shards})
         blocked = time.perf_counter() - start
         asy.wait()
         runs["async_total"].append(slowest(time.perf_counter() - start))
         runs["async_block"].append(slowest(blocked))
+
+    for rep in range(1, args.repeats + 1):
+        jobs = [
+            lambda: runs["raw_write"].append(timed(raw_write)),
+            lambda r=rep: runs["dcp_save"].append(
+                timed(lambda: dcp.save({"rank_local": {str(rank): shards}}, checkpoint_id=base / f"plain-{r}"))
+            ),
+            lambda r=rep: runs["sync_save"].append(timed(lambda: sync.save(r, {"rank_local": shards}))),
+            lambda r=rep: runs["sync_save_crc32"].append(timed(lambda: crc.save(r, {"rank_local": shards}))),
+            lambda r=rep: async_save(r),
+        ]
+        for i in range(len(jobs)):  # rotate the order each repeat: no method always runs first
+            jobs[(i + rep) % len(jobs)]()
         dist.barrier(group=timing_pg)
         if rank == 0:  # keep the disk from filling; outside the timed parts
-            for old in (base / f"plain-{rep}", base / "sync" / f"step-{rep - 1}", base / "async" / f"step-{rep - 1}"):
+            for old in (base / f"plain-{rep}", *(base / d / f"step-{rep - 1}" for d in ("sync", "crc32", "async"))):
                 shutil.rmtree(old, ignore_errors=True)
     asy.close()
+    crc.close()
 
     def raw_read() -> None:
         with raw.open("rb", buffering=0) as fh:
@@ -151,6 +175,8 @@ def worker(args: argparse.Namespace) -> None:
             "sync_save_seconds": round(best("sync_save"), 3),
             "save_mb_per_second": round(mb / best("sync_save"), 1),
             "save_mb_per_second_no_verify": round(mb / best("dcp_save"), 1),
+            "save_mb_per_second_crc32": round(mb / best("sync_save_crc32"), 1),
+            "checksum": sync.checksum,
             "disk_write_mb_per_second": round(mb / best("raw_write"), 1),
             "load_mb_per_second": round(mb / load_seconds, 1),
             "load_mb_per_second_warm": round(mb / warm_load_seconds, 1),

@@ -208,7 +208,22 @@ def test_manifest_is_plain_json_with_versions(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "ckpt" / "step-3" / "manifest.json").read_text())
     assert data["format"] == "trainguard-checkpoint" and data["step"] == 3
     assert data["structure"]["x"]["dtype"] == "bfloat16" and data["structure"]["note"] == {"kind": "object"}
-    assert all(len(f["crc32"]) == 8 for f in data["files"].values())
+    assert data["checksum"] == "xxh3_64" and all(len(f["checksum"]) == 16 for f in data["files"].values())
+
+
+def test_crc32_checkpoints_verify_and_unverifiable_ones_are_kept(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "ckpt", async_save=False, checksum="crc32") as ckpt:
+        ckpt.save(1, {"x": torch.ones(3)})
+    assert read_manifest(tmp_path / "ckpt" / "step-1").checksum_algorithm == "crc32"
+    target = {"x": torch.zeros(3)}
+    assert Checkpointer(tmp_path / "ckpt").restore(target) == 1 and torch.equal(target["x"], torch.ones(3))
+    path = tmp_path / "ckpt" / "step-1" / "manifest.json"
+    path.write_text(path.read_text().replace('"crc32"', '"blake9"'))
+    with pytest.raises(CheckpointError, match="cannot be verified here"):
+        Checkpointer(tmp_path / "ckpt").restore(target)
+    assert (tmp_path / "ckpt" / "step-1").exists()  # not proof of damage: left in place
+    with pytest.raises(ValueError, match="not available"):
+        Checkpointer(tmp_path / "other", checksum="blake9")
 
 
 def test_rank_local_state_needs_the_same_world_size(tmp_path: Path) -> None:

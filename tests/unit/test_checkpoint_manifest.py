@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from trainguard.checkpoint import CheckpointError, Manifest, read_manifest
+from trainguard.checkpoint.checksum import file_checksum, new_hasher
 from trainguard.checkpoint.manifest import (
     FileEntry,
     commit,
     committed_steps,
-    crc32_file,
     structure_mismatch,
     verify_files,
     write_manifest,
@@ -40,7 +40,7 @@ def test_round_trip_and_verify(tmp_path: Path) -> None:
     back = read_manifest(d)
     assert back.files == m.files and back.step == 3 and back.total_bytes == 11000
     verify_files(d, back, back.files)
-    assert crc32_file(d / "__0_0.distcp") == (11000, m.files["__0_0.distcp"].crc32)
+    assert file_checksum(d / "__0_0.distcp", "crc32") == (11000, m.files["__0_0.distcp"].checksum)
     assert committed_steps(tmp_path) == [3]
 
 
@@ -54,7 +54,7 @@ def test_round_trip_and_verify(tmp_path: Path) -> None:
         (b'{"format": "trainguard-checkpoint", "format_version": 1, "step": 3}', "malformed"),
         (
             b'{"format": "trainguard-checkpoint", "format_version": 1, "step": 3, "world_size": 1, '
-            b'"files": {}, "structure": {}}',
+            b'"files": {}, "structure": {}, "checksum": "crc32"}',
             "no files",
         ),
         (b"\xff\xfe garbage", "not valid JSON"),
@@ -113,3 +113,25 @@ def test_commit_replaces_same_step_from_an_abandoned_timeline(tmp_path: Path) ->
     commit(staging, tmp_path / "step-5")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
     assert (tmp_path / "step-5" / "new").exists() and not (tmp_path / "step-5" / "stale").exists()
+
+
+def test_checksum_algorithms_agree_with_their_references(tmp_path: Path) -> None:
+    import xxhash
+
+    data = bytes(range(256)) * 5000
+    (tmp_path / "f").write_bytes(data)
+    assert file_checksum(tmp_path / "f", "crc32") == (len(data), f"{zlib.crc32(data):08x}")
+    assert file_checksum(tmp_path / "f", "xxh3_64")[1] == xxhash.xxh3_64_hexdigest(data)
+    with pytest.raises(ValueError, match="not available"):
+        new_hasher("md4")
+
+
+def test_manifest_with_an_unknown_algorithm_cannot_verify(tmp_path: Path) -> None:
+    d, _ = _make(tmp_path)
+    data = json.loads((d / "manifest.json").read_text())
+    data["checksum"] = "sha3_999"
+    (d / "manifest.json").write_text(json.dumps(data))
+    back = read_manifest(d)
+    verify_files(d, back, back.files, checksums=False)
+    with pytest.raises(CheckpointError, match="not available"):
+        verify_files(d, back, back.files)

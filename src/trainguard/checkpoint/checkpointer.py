@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 import trainguard
+from trainguard.checkpoint.checksum import available, default_algorithm, file_checksum, new_hasher
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.interval import IntervalPolicy
 from trainguard.checkpoint.manifest import (
@@ -35,7 +36,6 @@ from trainguard.checkpoint.manifest import (
     Manifest,
     commit,
     committed_steps,
-    crc32_file,
     read_manifest,
     step_dir,
     structure_mismatch,
@@ -152,6 +152,7 @@ class Checkpointer:
         interval: IntervalPolicy | None = None,
         timeout_seconds: float = 600.0,
         hooks: WriteHooks | None = None,
+        checksum: str | None = None,
     ) -> None:
         if keep_last < 1 or (keep_every is not None and keep_every < 1):
             raise ValueError("keep_last must be >= 1 and keep_every None or >= 1")
@@ -166,6 +167,8 @@ class Checkpointer:
         self.interval = interval or IntervalPolicy.every_steps(100)
         self.timeout_seconds = timeout_seconds
         self.hooks = hooks
+        self.checksum = checksum or default_algorithm()
+        new_hasher(self.checksum)  # ValueError now for an unavailable algorithm
         self._host = socket.gethostname()
         self._save_pg = process_group
         self._ctl_pg: Any = None
@@ -178,6 +181,9 @@ class Checkpointer:
         self._last_save_step: int | None = None
         self._last_save_time = time.monotonic()
         self._closed = False
+        self._token = secrets.token_hex(4) + "-"
+        """Rank 0's random prefix of staging directory names, agreed once when the groups are set up."""
+        self._saves = 0
         if dist.is_available() and dist.is_initialized():
             self._setup_groups()
         self._emit_policy(self.interval)
@@ -202,6 +208,7 @@ class Checkpointer:
         if self._save_pg is None:
             self._save_pg = dist.new_group(backend="gloo", timeout=timeout)
         self._ctl_pg = dist.new_group(backend="gloo", timeout=timeout)
+        self._token = self._broadcast(self._token, self._ctl_pg)
         self._groups_ready = True
 
     def _broadcast(self, obj: Any, group: Any) -> Any:
@@ -278,7 +285,8 @@ class Checkpointer:
         self._drain()
         self._raise_error()
         self._setup_groups()
-        nonce = self._broadcast(secrets.token_hex(4), self._ctl_pg)
+        self._saves += 1
+        nonce = f"{self._token}{self._saves}"  # same on every rank, unique to this job: no collective
         self.directory.mkdir(parents=True, exist_ok=True)
         staging = self.directory / f".staging-step-{step}-{nonce}"
         payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
@@ -287,7 +295,7 @@ class Checkpointer:
         self._emit(
             CheckpointSaveStarted(time=start_wall, host=self._host, attempt=self.attempt, rank=self.rank, step=step)
         )
-        writer = ChecksumWriter(staging, hooks=self.hooks)
+        writer = ChecksumWriter(staging, algorithm=self.checksum, hooks=self.hooks)
         self._last_save_step, self._last_save_time = step, time.monotonic()
         try:
             if self.async_save:
@@ -338,7 +346,7 @@ class Checkpointer:
             metadata = upload.result()
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             error = _describe_error(exc)
-        writer.close_pool()
+        written = time.perf_counter()
         try:
             reports = self._all_gather((error, dict(writer.files)), self._save_pg)
             if self.rank == 0:
@@ -355,6 +363,13 @@ class Checkpointer:
             error = error or f"checkpoint group failed ({exc.__class__.__name__}: {exc})"
         ok = not error
         mine = sum(size for size, _ in writer.files.values())
+        log.debug(
+            "checkpoint step %d: blocking %.3fs, shards written %.3fs, agreement and commit %.3fs",
+            step,
+            blocking,
+            written - start,
+            time.perf_counter() - written,
+        )
         self._emit(
             CheckpointSaveFinished(
                 time=time.time(),
@@ -379,16 +394,17 @@ class Checkpointer:
         try:
             files: dict[str, FileEntry] = {}
             for _, rank_files in reports:
-                for name, (size, crc) in rank_files.items():
-                    files[name] = FileEntry(size=size, crc32=crc)
-            for name in os.listdir(staging):  # .metadata (renamed by DCP) and anything not streamed
+                for name, (size, digest) in rank_files.items():
+                    files[name] = FileEntry(size=size, checksum=digest)
+            for name in os.listdir(staging):  # anything not streamed through a checksumming writer
                 if name not in files:
-                    size, crc = crc32_file(staging / name)
-                    files[name] = FileEntry(size=size, crc32=crc)
+                    size, digest = file_checksum(staging / name, self.checksum)
+                    files[name] = FileEntry(size=size, checksum=digest)
             manifest = Manifest(
                 step=step,
                 world_size=self.world_size,
                 files=files,
+                checksum_algorithm=self.checksum,
                 time=time.time(),
                 structure=_saved_structure(metadata) if metadata is not None else {},
                 trainguard_version=trainguard.__version__,
@@ -493,7 +509,7 @@ class Checkpointer:
                     return step
             rank, (reason, kind) = next((r, x) for r, x in enumerate(reasons) if x[0])
             self._reject(step, path, f"rank {rank}: {reason}", kind)
-            if kind == "structure":
+            if kind in ("structure", "unverifiable"):
                 mismatches.append(f"step {step}: {reason}")
         if mismatches:
             raise CheckpointError(f"no checkpoint in {self.directory} matches the state: {mismatches[0]}")
@@ -509,6 +525,11 @@ class Checkpointer:
             for k, v in manifest.structure.items()
             if not k.startswith(_RANK_LOCAL_STORED) or k == own or k.startswith(own + ".")
         }
+        if manifest.checksum_algorithm not in available():
+            return (
+                f"checksum {manifest.checksum_algorithm} cannot be verified here (pip install xxhash)",
+                "unverifiable",
+            )
         problem = structure_mismatch(saved, wanted)
         if not problem and manifest.world_size != self.world_size and any(k.startswith(own) for k in wanted):
             problem = f"rank-local state was saved by {manifest.world_size} ranks, this job has {self.world_size}"
@@ -529,7 +550,7 @@ class Checkpointer:
                 time=time.time(), host=self._host, attempt=self.attempt, step=step, path=str(path), reason=reason
             )
         )
-        if kind == "corrupt":
+        if kind == "corrupt":  # a structure mismatch or an unverifiable checksum is no proof of damage
             try:
                 os.rename(path, self.directory / f".rejected-step-{step}-{secrets.token_hex(4)}")
             except OSError as exc:

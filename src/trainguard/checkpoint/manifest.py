@@ -11,12 +11,12 @@ import json
 import logging
 import os
 import re
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.checksum import file_checksum
 from trainguard.checkpoint.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,6 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "trainguard-checkpoint"
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(r"^step-(\d+)$")
-READ_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,8 @@ class FileEntry:
 
     size: int
     """Bytes."""
-    crc32: str
-    """zlib.crc32 of the whole file, 8 lowercase hex digits."""
+    checksum: str
+    """Hex digest of the whole file with the manifest's ``checksum_algorithm``."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,8 @@ class Manifest:
     """File name (relative to the checkpoint directory) -> size and checksum."""
     structure: dict[str, dict[str, Any]]
     """Flattened state key -> {"kind": "tensor", "shape": [...], "dtype": "float32"} or {"kind": "object"}."""
+    checksum_algorithm: str = "crc32"
+    """``xxh3_64`` or ``crc32`` (see `trainguard.checkpoint.checksum`)."""
     time: float = 0.0
     """Unix seconds when the manifest was written."""
     trainguard_version: str = ""
@@ -67,8 +68,8 @@ class Manifest:
             "time": self.time,
             "trainguard_version": self.trainguard_version,
             "torch_version": self.torch_version,
-            "checksum": "crc32",
-            "files": {n: {"size": f.size, "crc32": f.crc32} for n, f in sorted(self.files.items())},
+            "checksum": self.checksum_algorithm,
+            "files": {n: {"size": f.size, "checksum": f.checksum} for n, f in sorted(self.files.items())},
             "structure": self.structure,
             "extra": self.extra,
         }
@@ -83,11 +84,12 @@ class Manifest:
             raise CheckpointError(f"unsupported manifest format_version {version!r}")
         try:
             files = {
-                str(name): FileEntry(size=int(e["size"]), crc32=str(e["crc32"]))
+                str(name): FileEntry(size=int(e["size"]), checksum=str(e["checksum"]))
                 for name, e in dict(data["files"]).items()
             }
             step, world = int(data["step"]), int(data["world_size"])
             structure = dict(data["structure"])
+            algorithm = str(data["checksum"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"malformed manifest ({exc.__class__.__name__}: {exc})") from None
         if not files or step < 0 or world < 1:
@@ -97,27 +99,12 @@ class Manifest:
             world_size=world,
             files=files,
             structure=structure,
+            checksum_algorithm=algorithm,
             time=float(data.get("time", 0.0)),
             trainguard_version=str(data.get("trainguard_version", "")),
             torch_version=str(data.get("torch_version", "")),
             extra=dict(data.get("extra") or {}),
         )
-
-
-def crc32_file(path: Path) -> tuple[int, str]:
-    """(size, crc32 hex) of a file, read in large chunks (from the page cache when recently written)."""
-    crc = 0
-    size = 0
-    with path.open("rb", buffering=0) as fh:
-        buf = bytearray(READ_CHUNK)
-        view = memoryview(buf)
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            crc = zlib.crc32(view[:n], crc)
-            size += n
-    return size, f"{crc & 0xFFFFFFFF:08x}"
 
 
 def fsync_dir(path: Path) -> None:
@@ -178,11 +165,13 @@ def verify_files(directory: Path, manifest: Manifest, names: Iterable[str], *, c
             raise CheckpointError(f"file {name} has {size} bytes, manifest says {entry.size}")
         if checksums:
             try:
-                _, crc = crc32_file(path)
+                _, digest = file_checksum(path, manifest.checksum_algorithm)
             except OSError as exc:
                 raise CheckpointError(f"file {name} cannot be read: {exc.strerror}") from None
-            if crc != entry.crc32:
-                raise CheckpointError(f"file {name} checksum {crc} != manifest {entry.crc32} (corrupt)")
+            except ValueError as exc:  # algorithm not installed
+                raise CheckpointError(str(exc)) from None
+            if digest != entry.checksum:
+                raise CheckpointError(f"file {name} checksum {digest} != manifest {entry.checksum} (corrupt)")
 
 
 def structure_mismatch(saved: Mapping[str, Mapping[str, Any]], wanted: Mapping[str, Mapping[str, Any]]) -> str:

@@ -1,7 +1,7 @@
 """DCP storage writer that checksums every file while writing it, plus the staging copy.
 
-`ChecksumWriter` is a `torch.distributed.checkpoint.FileSystemWriter` whose streams compute
-``zlib.crc32`` and the size of each file as the bytes pass (no second read). `WriteHooks` is the test
+`ChecksumWriter` is a `torch.distributed.checkpoint.FileSystemWriter` whose streams compute the
+checksum (xxh3_64 or crc32) and the size of each file as the bytes pass (no second read). `WriteHooks` is the test
 seam (`DiskQuota` makes the writes fail with a real ``ENOSPC`` ``OSError`` once a byte budget is spent).
 `CachingStager` copies the state into CPU buffers reused from save to save, so the blocking part of
 an async save is one memory copy.
@@ -14,9 +14,7 @@ import errno
 import io
 import os
 import threading
-import zlib
 from collections.abc import Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-PARALLEL_CRC_BYTES = 1 << 20
-"""Writes at least this large are checksummed on a helper thread in parallel with the write."""
+from trainguard.checkpoint.checksum import new_hasher
 
 
 class WriteHooks:
@@ -69,7 +66,7 @@ class _ChecksumStream(io.RawIOBase):
         self._fh = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self._path = path
         self._owner = owner
-        self._crc = 0
+        self._hasher = new_hasher(owner.algorithm)
         self._size = 0
 
     def writable(self) -> bool:
@@ -82,18 +79,13 @@ class _ChecksumStream(io.RawIOBase):
         if allowed < view.nbytes:
             self._fh.write(view[:allowed])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
-        # Large buffers: checksum on a helper thread while this one copies into the page cache
-        # (both release the GIL), so the checksum costs little wall time.
-        crc = self._owner._crc_pool().submit(zlib.crc32, view, self._crc) if view.nbytes >= PARALLEL_CRC_BYTES else None
         written = 0
-        try:
-            while written < view.nbytes:
-                n = self._fh.write(view[written:])
-                if not n:
-                    raise OSError(errno.ENOSPC, "short write", str(self._path))
-                written += n
-        finally:
-            self._crc = crc.result() if crc is not None else zlib.crc32(view, self._crc)
+        while written < view.nbytes:
+            n = self._fh.write(view[written:])
+            if not n:
+                raise OSError(errno.ENOSPC, "short write", str(self._path))
+            written += n
+        self._hasher.update(view)
         self._size += written
         return written
 
@@ -110,7 +102,7 @@ class _ChecksumStream(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._fh.close()
-            self._owner._record(self._path.name, self._size, self._crc)
+            self._owner._record(self._path.name, self._size, self._hasher.hexdigest())
         super().close()
 
 
@@ -136,31 +128,27 @@ class _ChecksumFS(FileSystem):
 
 
 class ChecksumWriter(FileSystemWriter):
-    """FileSystemWriter (one file per rank, fsync on) that records ``{file: (size, crc32)}`` it wrote."""
+    """FileSystemWriter (one file per rank, fsync on) that records ``{file: (size, checksum)}`` it wrote."""
 
-    def __init__(self, path: str | os.PathLike, *, hooks: WriteHooks | None = None, sync_files: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        algorithm: str = "crc32",
+        hooks: WriteHooks | None = None,
+        sync_files: bool = True,
+    ) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
         self.fs = _ChecksumFS(self)
         self.hooks = hooks
+        self.algorithm = algorithm
+        new_hasher(algorithm)  # fail early on an unavailable algorithm
         self.files: dict[str, tuple[int, str]] = {}
         self._files_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
 
-    def _crc_pool(self) -> ThreadPoolExecutor:
+    def _record(self, name: str, size: int, digest: str) -> None:
         with self._files_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainguard-crc")
-            return self._pool
-
-    def close_pool(self) -> None:
-        with self._files_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def _record(self, name: str, size: int, crc: int) -> None:
-        with self._files_lock:
-            self.files[name] = (size, f"{crc & 0xFFFFFFFF:08x}")
+            self.files[name] = (size, digest)
 
     def _renamed(self, old: str, new: str) -> None:
         with self._files_lock:
