@@ -91,21 +91,22 @@ def _fr_trace(directory: Path, timeout: float) -> dict[str, Any]:
     return res
 
 
-def measure(ranks: int, entries: int, tp: int, *, fr_max: int, fr_timeout: float, work: Path,
+def measure(ranks: int, entries: int, tp: int, *, frames: int, fr_max: int, fr_timeout: float, work: Path,
             fr_reference: dict[str, Any] | None) -> dict[str, Any]:
     from trainguard.localize.synth import SynthConfig, write_dumps
 
     culprit = ranks // 3 + 1
     d = work / f"full-{ranks}"
     t = time.perf_counter()
-    write_dumps(SynthConfig(ranks=ranks, entries_per_rank=entries, tp=tp, fault="hang", culprit=culprit), d,
-                prefix=PREFIX)
+    write_dumps(SynthConfig(ranks=ranks, entries_per_rank=entries, tp=tp, fault="hang", culprit=culprit,
+                            frames=frames), d, prefix=PREFIX)
     gen = time.perf_counter() - t
     size = sum(p.stat().st_size for p in d.iterdir())
     ours = _child(_CHILD_ANALYZE, str(d))
     floor = _child(_CHILD_UNPICKLE, str(d))
     row: dict[str, Any] = {
-        "mode": "full", "ranks": ranks, "entries_per_rank": entries, "tp": tp, "planted_culprit": culprit,
+        "mode": "full", "ranks": ranks, "entries_per_rank": entries, "frames_per_entry": frames, "tp": tp,
+        "planted_culprit": culprit,
         "bytes_on_disk": size, "generate_seconds": round(gen, 2),
         "seconds": round(ours["seconds"], 3), "cpu_seconds": round(ours["cpu_seconds"], 3),
         "peak_rss_mb": round(ours["peak_rss_mb"], 1), "verdict": ours["verdict"],
@@ -162,6 +163,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="256,1024,4096", help="rank counts of full dumps (comma separated)")
     ap.add_argument("--entries", type=int, default=2000, help="entries per rank in full dumps (default 2000)")
     ap.add_argument("--tp", type=int, default=8, help="tensor-parallel group size (default 8)")
+    ap.add_argument("--frames", type=int, default=24, help="stack frames per entry (default 24)")
     ap.add_argument("--fr-trace-max", type=int, default=1024, help="run fr_trace up to this many ranks")
     ap.add_argument("--fr-trace-timeout", type=float, default=900.0, help="seconds before fr_trace is stopped")
     ap.add_argument("--evidence-ranks", type=int, default=16384, help="ranks of the evidence-mode row (0: skip)")
@@ -169,8 +171,10 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where to write dumps (default: a temporary directory)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    if any(s < 2 for s in sizes) or args.entries < 1 or args.tp < 1:
-        ap.error("sizes must be >= 2 ranks, entries and tp >= 1")
+    if any(s < 2 for s in sizes) or args.entries < 1 or args.tp < 1 or args.frames < 1:
+        ap.error("sizes must be >= 2 ranks, entries, tp and frames >= 1")
+    if any(s % min(args.tp, s) for s in sizes):
+        ap.error("--tp must divide every size")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tg-localize-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -178,7 +182,7 @@ def main() -> None:
     try:
         for n in sorted(sizes):
             print(f"[localize bench] {n} ranks x {args.entries} entries", file=sys.stderr, flush=True)
-            row = measure(n, args.entries, min(args.tp, n), fr_max=args.fr_trace_max,
+            row = measure(n, args.entries, min(args.tp, n), frames=args.frames, fr_max=args.fr_trace_max,
                           fr_timeout=args.fr_trace_timeout, work=work, fr_reference=reference)
             if row.get("fr_trace_seconds"):
                 reference = row

@@ -34,6 +34,8 @@ _LAZY: dict[str, str] = {
     "classify_text": "trainguard.classify",
     "HealthConfig": "trainguard.health",
     "run_checks": "trainguard.health",
+    "diagnose_path": "trainguard.localize",
+    "LocalizationReport": "trainguard.localize",
 }
 
 __all__ = [
