@@ -130,8 +130,9 @@ def measure(ranks: int, entries: int, tp: int, *, frames: int, fr_max: int, fr_t
                        speedup_vs_fr_trace=round(fr["seconds"] / ours["seconds"], 1))
     elif fr_reference is not None:
         bound = fr_reference["fr_trace_seconds"] * ranks / fr_reference["ranks"]
+        when = " measured in an earlier run" if fr_reference.get("earlier_run") else ""
         row.update(fr_trace_seconds=None, fr_trace_lower_bound_seconds=round(bound, 1),
-                   fr_trace_bound_basis=(f"linear extrapolation from {fr_reference['ranks']} ranks (not run: "
+                   fr_trace_bound_basis=(f"linear extrapolation from {fr_reference['ranks']} ranks{when} (not run: "
                                          "fr_trace keeps every file in memory and matches greedily, so its "
                                          "cost grows at least linearly)"),
                    speedup_vs_fr_trace_at_least=round(bound / ours["seconds"], 1))
@@ -168,6 +169,9 @@ def main() -> None:
     ap.add_argument("--fr-trace-timeout", type=float, default=900.0, help="seconds before fr_trace is stopped")
     ap.add_argument("--evidence-ranks", type=int, default=16384, help="ranks of the evidence-mode row (0: skip)")
     ap.add_argument("--evidence-entries", type=int, default=16, help="recent entries per rank in evidence mode")
+    ap.add_argument("--fr-trace-reference", default=None, metavar="RANKS:SECONDS",
+                    help="fr_trace time measured earlier at RANKS (same machine, same dumps) to extrapolate "
+                         "lower bounds from when no size in this run runs fr_trace")
     ap.add_argument("--workdir", default=None, help="where to write dumps (default: a temporary directory)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -179,6 +183,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     reference = None
+    if args.fr_trace_reference:
+        try:
+            ref_ranks, ref_seconds = args.fr_trace_reference.split(":")
+            reference = {"ranks": int(ref_ranks), "fr_trace_seconds": float(ref_seconds), "earlier_run": True}
+        except ValueError:
+            ap.error("--fr-trace-reference must look like 1024:300.5")
     try:
         for n in sorted(sizes):
             print(f"[localize bench] {n} ranks x {args.entries} entries", file=sys.stderr, flush=True)

@@ -72,7 +72,8 @@ def _problem(g: GroupAcc, members: list[int], ctx: Context, **kw: object) -> Pro
     )
 
 
-def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Context) -> Problem | None:
+def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Context,
+                gloo: bool) -> Problem | None:
     seq = g.first_divergence()
     if seq is None:
         return None
@@ -99,9 +100,11 @@ def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Contex
            f"{_where(minority[0].view)} and caused everything after it in this group to fail or hang. ")
     )
     if missing:
-        text += (f"Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump: the mismatch explains "
-                 "it (gloo aborts a receiver whose incoming message has the wrong size), so they are listed as "
-                 "consequences, not culprits.")
+        why = ("gloo aborts a receiver whose incoming message has the wrong size" if gloo
+               else "the job failed after it")
+        text += (f"{'Ranks' if len(missing) > 1 else 'Rank'} {_names(missing)} left no dump: the divergence "
+                 f"explains it ({why}), so {'they are' if len(missing) > 1 else 'it is'} listed as "
+                 "a consequence, not a culprit.")
     waiting = tuple(sorted(r for r, st in g.ranks.items() if any(not a.is_p2p for a in st.active)))
     return _problem(
         g, members, ctx, verdict=verdict, collective_seq=seq, op=major.view.op, culprit_ranks=culprits,
@@ -232,7 +235,7 @@ def group_problems(m: Matcher, ctx: Context) -> list[Problem]:
     for g in m.groups.values():
         members = g.members(set(ctx.world))
         missing = sorted(r for r in members if r not in m.ranks and r not in ctx.unreadable)
-        div = _divergence(g, members, missing, ctx)
+        div = _divergence(g, members, missing, ctx, gloo)
         if div is not None:
             out.append(div)
         else:
