@@ -149,3 +149,29 @@ def test_everyone_in_flight_is_not_a_problem(tmp_path: Path) -> None:
         _write(tmp_path, r, [_e("0", "default_pg", 1, 0), _e("0", "default_pg", 2, 1, state="started")])
     rep = diagnose_path(tmp_path)
     assert rep.verdict == "healthy" and rep.culprit_ranks == ()
+
+
+def test_many_distinct_rank_classes_are_counted_exactly(tmp_path: Path) -> None:
+    # 40 classes of 3 ranks; each class has its own group with class-specific sizes, so the fast
+    # path keeps many templates (evicting and replaying some); rank 61 mismatches in the default group.
+    n = 120
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(n)))}}
+    for c in range(n // 3):
+        cfg[f"x{c}"] = {"name": f"x{c}", "desc": "dp", "ranks": str([3 * c, 3 * c + 1, 3 * c + 2])}
+    for r in range(n):
+        c = r // 3
+        es = []
+        for seq in range(1, 4):
+            x = _e(f"x{c}", "dp", seq, 2 * seq)
+            x["pg_id"], x["input_sizes"], x["output_sizes"] = 5, [[c + 1]], [[c + 1]]
+            es.append(x)
+            d = _e("0", "default_pg", seq, 2 * seq + 1)
+            if r == 61 and seq == 3:
+                d["input_sizes"] = d["output_sizes"] = [[5]]
+            es.append(d)
+        top = {"version": "2.10", "pg_config": cfg, "pg_status": {}, "comm_lib_version": "", "entries": es}
+        (tmp_path / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(top, protocol=2))
+    rep = diagnose_path(tmp_path)
+    assert rep.verdict == "mismatch" and rep.culprit_ranks == (61,)
+    assert rep.collective_seq == 3 and len(rep.problems) == 1
+    assert f"majority ({n - 1} ranks)" in rep.explanation
