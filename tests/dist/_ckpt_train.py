@@ -1,7 +1,8 @@
 """A tiny deterministic data-parallel training job on gloo that checkpoints with trainguard, for chaos tests.
 
 Run as a script, one process per rank (``launch`` starts them). Faults (``--fault``):
-``kill-write`` (rank SIGKILLs itself while writing its shard of ``--fault-step``), ``kill-commit``
+``kill-write`` (rank SIGKILLs itself while writing its shard of ``--fault-step``), ``stop-write``
+(it SIGSTOPs itself there: a hung writer), ``kill-commit``
 (rank 0 SIGKILLs itself after writing the manifest, before the rename), ``enospc`` (the rank's disk
 "fills" during that save). The result (start step, per-step losses) goes to ``--out`` as JSON.
 """
@@ -39,8 +40,11 @@ def launch(
     fault_rank: int = 0,
     timeout_seconds: float = 90.0,
     tag: str = "run",
+    ckpt_timeout_seconds: float = 30.0,
 ) -> tuple[list[int | None], list[dict]]:
-    """Start ``world`` ranks; when one dies the others are killed (like torchrun). Returns (codes, outputs)."""
+    """Start ``world`` ranks; when one fails the others are killed a second later (like torchrun).
+
+    Returns (exit codes, outputs)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     procs, outs = [], []
@@ -67,6 +71,8 @@ def launch(
             str(out),
             "--events",
             str(tmp / f"{tag}-events-rank{rank}.jsonl"),
+            "--ckpt-timeout",
+            str(ckpt_timeout_seconds),
         ]
         if fault:
             cmd += ["--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank)]
@@ -94,6 +100,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--events", default="")
     ap.add_argument("--fault", default="")
+    ap.add_argument("--ckpt-timeout", type=float, default=30.0)
     args = ap.parse_args()
 
     from datetime import timedelta
@@ -125,6 +132,8 @@ def main() -> int:
                 return size
             if args.fault == "kill-write":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.fault == "stop-write":  # a hung writer: alive, silent
+                os.kill(os.getpid(), signal.SIGSTOP)
             if args.fault == "enospc":
                 granted = min(size, self.budget)
                 self.budget -= granted
@@ -143,7 +152,7 @@ def main() -> int:
         keep_last=10,
         interval=IntervalPolicy.every_steps(args.save_every),
         hooks=hooks if mine else None,
-        timeout_seconds=30,
+        timeout_seconds=args.ckpt_timeout,
     )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -66,6 +66,30 @@ def test_kill_a_rank_while_it_writes_its_shard(tmp_path: Path, reference: tuple[
 
 
 @pytest.mark.slow
+def test_hung_writer_fails_the_save_at_the_group_timeout(
+    tmp_path: Path, reference: tuple[Path, dict[str, float]]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    codes, results = launch(
+        tmp_path,
+        ckpt,
+        steps=STEPS,
+        fault="stop-write",
+        fault_step=8,
+        fault_rank=1,
+        tag="fault",
+        ckpt_timeout_seconds=3,
+    )
+    assert codes[0] == 3  # rank 0 reported the failure at close() instead of waiting forever
+    assert "checkpoint of step 8 failed" in results[0]["error"] and "Timed out" in results[0]["error"]
+    finished = [e for e in read_events(tmp_path / "fault-events-rank0.jsonl") if isinstance(e, CheckpointSaveFinished)]
+    assert [(e.step, e.ok) for e in finished] == [(2, True), (4, True), (6, True), (8, False)]
+    assert 3 <= finished[-1].total_seconds < 30
+    assert latest_step(ckpt) == 6
+    _resume(tmp_path, ckpt, 6, reference[1])
+
+
+@pytest.mark.slow
 def test_kill_all_during_the_commit(tmp_path: Path, reference: tuple[Path, dict[str, float]]) -> None:
     ckpt = tmp_path / "ckpt"
     codes, _ = launch(tmp_path, ckpt, steps=STEPS, fault="kill-commit", fault_step=6, tag="fault")
