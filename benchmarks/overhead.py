@@ -3,7 +3,9 @@
 Runs examples/train_gpt.py under plain torchrun, alternating "with trainguard" (attach() with the
 agent's environment: heartbeats, control thread, step events) and "without" (``--no-trainguard``),
 ``--reps`` times each. The script times every step itself (perf_counter around the step, so the
-library's own per-step work is inside the measurement). Per run: median step time after warm-up
+library's own per-step work is inside the measurement), in wall time and in the rank process's CPU
+time (all its threads: the control thread's share counts), which the machine's load disturbs less.
+Per run: median step time after warm-up
 (which also covers the control thread's one-time flight-recorder pre-warm). Each "with" run is paired
 with the "without" run next to it; the overhead is the median of the pairs' ratios, because on a
 shared machine the load drifts more between pairs than within one.
@@ -34,7 +36,7 @@ GPT = ROOT / "examples" / "train_gpt.py"
 MODEL = ["--d-model", "128", "--layers", "2", "--heads", "4", "--seq", "64", "--batch", "8"]
 
 
-def one_run(ranks: int, steps: int, with_library: bool, tmp: Path, warmup: int) -> float:
+def one_run(ranks: int, steps: int, with_library: bool, tmp: Path, warmup: int) -> tuple[float, float]:
     timing = tmp / f"timing-{with_library}-{os.urandom(4).hex()}.json"
     run_dir = tmp / f"run-{os.urandom(4).hex()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -49,8 +51,8 @@ def one_run(ranks: int, steps: int, with_library: bool, tmp: Path, warmup: int) 
     if not with_library:
         cmd.append("--no-trainguard")
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
-    times = json.loads(timing.read_text())["step_seconds"][warmup:]
-    return statistics.median(times)
+    data = json.loads(timing.read_text())
+    return statistics.median(data["step_seconds"][warmup:]), statistics.median(data["step_cpu_seconds"][warmup:])
 
 
 def library_cost_seconds(n: int = 3000) -> float:
@@ -82,15 +84,20 @@ def main() -> int:
     args = p.parse_args()
     with_lib: list[float] = []
     without: list[float] = []
+    cpu_with: list[float] = []
+    cpu_without: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         for i in range(args.reps):
             order = (True, False) if i % 2 == 0 else (False, True)  # alternate to cancel drift
             for flag in order:
-                (with_lib if flag else without).append(one_run(args.ranks, args.steps, flag, Path(d), args.warmup))
+                wall, cpu = one_run(args.ranks, args.steps, flag, Path(d), args.warmup)
+                (with_lib if flag else without).append(wall)
+                (cpu_with if flag else cpu_without).append(cpu)
     base, lib = statistics.median(without), statistics.median(with_lib)
     ratios = [w / b for w, b in zip(with_lib, without, strict=True)]
     overhead = statistics.median(ratios) - 1.0
     cost = library_cost_seconds()
+    cpu_ratios = [w / b for w, b in zip(cpu_with, cpu_without, strict=True)]
     print(json.dumps({
         "benchmark": "in-rank library step-time overhead (fault-free)",
         "ranks": args.ranks, "steps": args.steps, "reps": args.reps, "warmup_steps_skipped": args.warmup,
@@ -100,6 +107,10 @@ def main() -> int:
         "per_run_median_with": [round(x, 6) for x in with_lib],
         "per_pair_ratio_with_over_without": [round(r, 4) for r in ratios],
         "overhead_fraction": round(overhead, 5),
+        "median_step_cpu_seconds_without": round(statistics.median(cpu_without), 6),
+        "median_step_cpu_seconds_with": round(statistics.median(cpu_with), 6),
+        "per_pair_cpu_ratio_with_over_without": [round(r, 4) for r in cpu_ratios],
+        "cpu_overhead_fraction": round(statistics.median(cpu_ratios) - 1.0, 5),
         "library_seconds_per_step_in_process": round(cost, 7),
         "library_fraction_of_bare_step": round(cost / base, 5),
         "target_fraction": 0.01,

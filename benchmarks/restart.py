@@ -63,7 +63,7 @@ def _common(args: argparse.Namespace, run_dir: Path) -> list[str]:
 def trainguard_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     spec = f"crash@step={args.crash_step},rank=1"
     subprocess.run([sys.executable, "-m", "trainguard", "run", "--nproc-per-node", str(args.ranks),
-                    "--run-dir", str(run_dir), "--max-restarts", "1", "--inject", spec, "--no-health-checks",
+                    "--run-dir", str(run_dir), "--max-restarts", "1", "--inject", spec,
                     "--", *_common(args, run_dir)], check=True, capture_output=True, timeout=600)
     failure = next(e for e in _events(run_dir, "agent-") if e["type"] == "failure_detected")
     first = _first_new_step(run_dir, 1, args.ranks)

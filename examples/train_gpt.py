@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
     loss_value = float("nan")
     step_seconds: list[float] = []
+    step_cpu_seconds: list[float] = []
     for step in range(start_step + 1, args.steps + 1):
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
         with worker.step(step) as s:
             with s.phase("data"):
                 x, y = batch_for(step, rank, args)
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     msd, osd = get_state_dict(model, opt)
                     ckpt.save(step, {"model": msd, "optim": osd, "rng": torch.get_rng_state()})
         step_seconds.append(time.perf_counter() - t_step)
+        step_cpu_seconds.append(time.process_time() - c_step)
         if rank == 0 and (step % 10 == 0 or step == args.steps):
             print(f"train_gpt: step {step}/{args.steps} loss {loss_value:.6f}", flush=True)
     with worker.phase("checkpoint"):  # a pending async save may still be writing
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_gpt: done, final loss {loss_value:.9f}", flush=True)
         if args.timing_out:
             with open(args.timing_out, "w") as fh:
-                json.dump({"step_seconds": step_seconds, "final_loss": loss_value}, fh)
+                json.dump({"step_seconds": step_seconds, "step_cpu_seconds": step_cpu_seconds,
+                           "final_loss": loss_value}, fh)
     worker.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -15,6 +15,7 @@ restarting the local workers, the restart budget). trainguard hooks into four of
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -116,6 +117,10 @@ class GuardAgent(LocalElasticAgent):
         self._attempt_closed = True
         self._last_alive = time.time()
         self._early: tuple[dict[int, int], evidence.Evidence, float] | None = None
+        for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
+            # import now what the first failure needs, not inside the restart's critical path
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -134,6 +139,18 @@ class GuardAgent(LocalElasticAgent):
             except OSError:
                 beats[w.global_rank] = None
         return beats
+
+    def _rank_hosts(self) -> dict[int, str]:
+        """Which node ran each rank in this attempt, from the heartbeat folders (shared run dir)."""
+        out: dict[int, str] = {}
+        for path in (self.cfg.run_dir / "heartbeats").glob(f"*/attempt-{self.attempt}/rank-*"):
+            with contextlib.suppress(ValueError):
+                out[int(path.name[len("rank-"):])] = path.parent.parent.name
+        return out
+
+    def _hosts_of(self, ranks: list[int]) -> tuple[str, ...]:
+        where = self._rank_hosts()
+        return tuple(sorted({where.get(r, self.cfg.node_id) for r in ranks}))
 
     def _claim_failure(self) -> bool:
         """Only one node records a failure that several nodes see."""
@@ -342,8 +359,7 @@ class GuardAgent(LocalElasticAgent):
                 break
             time.sleep(0.2)
         steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
-        rank_hosts = {r: self.cfg.node_id for r in steps}
-        loc = evidence.localize(diag, rank_hosts)
+        loc = evidence.localize(diag, self._rank_hosts())
         culprits, explanation = evidence.simple_culprits(diag, steps, world)
         verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
         if loc is not None and (not culprits or sorted(loc["culprit_ranks"]) == culprits):
@@ -369,7 +385,7 @@ class GuardAgent(LocalElasticAgent):
                         ev: evidence.Evidence, detail: str, *, verdict: str, explanation: str,
                         diagnosis_ranks: list[int] | None = None) -> None:
         record = FailureDetected(time=now, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
-                                 ranks=tuple(ranks), hosts=(self.cfg.node_id,) if ranks else (),
+                                 ranks=tuple(ranks), hosts=self._hosts_of(ranks),
                                  detection_latency_seconds=max(0.0, latency), step=step,
                                  evidence=tuple(ev.files), detail=detail)
         self.failures.append(record)
@@ -389,7 +405,9 @@ class GuardAgent(LocalElasticAgent):
         self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, category=category,
                             group=group, verdict=verdict,
                             culprit_ranks=tuple(ranks if diagnosis_ranks is None else diagnosis_ranks),
-                            culprit_hosts=(self.cfg.node_id,) if ranks else (), confidence=confidence,
+                            culprit_hosts=self._hosts_of(list(ranks if diagnosis_ranks is None
+                                                             else diagnosis_ranks)),
+                            confidence=confidence,
                             explanation=explanation, evidence=tuple(ev.files)))
 
     def _close_attempt(self, reason: str, exit_code: int | None) -> None:
