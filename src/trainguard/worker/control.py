@@ -48,7 +48,10 @@ def dump_flight_recorder(with_stack_traces: bool = True) -> bytes | None:
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        dump = getattr(c10d, "_dump_fr_trace")  # noqa: B009 - private, absent from the stubs
+        name = "_dump_fr_trace"
+        if dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
+            name = "_dump_nccl_trace"  # CUDA builds keep NCCL collectives in their own recorder
+        dump = getattr(c10d, name)
         return bytes(dump(includeCollectives=True, includeStackTraces=with_stack_traces, onlyActive=False))
     except Exception as exc:
         log.warning("flight-recorder dump failed: %s", exc)
