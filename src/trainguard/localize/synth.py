@@ -42,7 +42,9 @@ class SynthConfig:
     frames: int = 12
     """Stack depth recorded per entry."""
     recent: int | None = None
-    """Supervisor-evidence mode: keep only the last ``recent`` entries plus unfinished ones."""
+    """Supervisor-evidence mode: keep only the last ``recent`` entries plus unfinished ones, frames only
+    on unfinished ones, and in ``pg_config`` only the rank's own groups (the default group's member
+    list left empty: the world is known from the run)."""
     start_step: int = 1000
     """Steps done before the ring's window (sequence numbers start high, as after a long run)."""
 
@@ -156,7 +158,9 @@ class _Gen:
             sched = sched[:-1]
         entries = []
         base = cfg.start_step * 3
-        window = sched[-cfg.entries_per_rank:]
+        # the evidence mode only needs the tail (the unfinished entries are the newest ones)
+        window = sched[-(min(cfg.recent + 1, cfg.entries_per_rank) if cfg.recent is not None
+                         else cfg.entries_per_rank):]
         offset = len(sched) - len(window)
         for i, (group, desc, pg_id, op, seq) in enumerate(window):
             final = i == len(window) - 1
@@ -194,7 +198,13 @@ class _Gen:
                                                 "last_completed_collective": -1})
             st["last_enqueued_collective"] = seq
         lib_key = "comm_lib_version" if self.v >= (2, 9) else "nccl_version"
-        top: dict[str, Any] = {"version": self.cfg.version, "pg_config": self.pg_config, lib_key: "2.21.5",
+        pg_config = self.pg_config
+        if self.cfg.recent is not None and self.cfg.backend == "nccl":
+            # evidence mode: only the rank's own groups; the default group's members are the world
+            own = {str(g) for g, *_ in sched}
+            pg_config = {k: (dict(v, ranks="[]") if v["desc"] == "default_pg" else v)
+                         for k, v in self.pg_config.items() if k in own}
+        top: dict[str, Any] = {"version": self.cfg.version, "pg_config": pg_config, lib_key: "2.21.5",
                                "pg_status": status, "entries": entries}
         if self.v < (2, 0):
             del top["pg_status"]
