@@ -67,6 +67,8 @@ _RANK_LOCAL_STORED = "__rank_local__"
 class _Pending:
     step: int
     future: Future[tuple[bool, str]]
+    blocking_seconds: float
+    """Time ``save()`` held training for this save (the later wait for it is added on drain)."""
 
 
 def _describe(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -323,7 +325,7 @@ class Checkpointer:
         if self.async_save:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-checkpoint")
-            self._pending = _Pending(step, self._executor.submit(self._finish, *args))
+            self._pending = _Pending(step, self._executor.submit(self._finish, *args), blocking)
         else:
             ok, error = self._finish(*args)
             self._consume(step, ok, error, blocking)
@@ -433,7 +435,8 @@ class Checkpointer:
             ok, error = pending.future.result()
         except Exception as exc:  # a bug in the background path: report it like a failed save
             ok, error = False, f"{exc.__class__.__name__}: {exc}"
-        self._consume(pending.step, ok, error, time.perf_counter() - start)
+        # The cost of a checkpoint to training: the staging stall plus any wait for it to finish.
+        self._consume(pending.step, ok, error, pending.blocking_seconds + time.perf_counter() - start)
 
     def _consume(self, step: int, ok: bool, error: str, blocking_seconds: float) -> None:
         if ok:
