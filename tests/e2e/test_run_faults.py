@@ -33,7 +33,10 @@ def test_crash_and_hang_are_detected_with_evidence_and_the_job_completes(tmp_pat
 
     # Hang latency bound: 3 median step times + 5 s.
     durations = [s["duration_seconds"] for s in of_type(records, "step_completed")]
-    assert failures[1]["detection_latency_seconds"] <= 3 * statistics.median(durations) + 5
+    bound = 3 * statistics.median(durations) + 5
+    assert failures[1]["detection_latency_seconds"] <= bound
+    assert failures[1]["time"] - injected[1]["time"] <= bound  # from the injected hang itself
+    assert failures[1]["time"] - injected[1]["time"] >= 3  # and not before the 3 s floor passed
 
     # Evidence of every rank of the hung attempt, gathered before the kill.
     diag = run_dir / "diagnostics" / "attempt-1"
