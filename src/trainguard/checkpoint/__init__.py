@@ -6,10 +6,11 @@ Public names: `Checkpointer`, `IntervalPolicy`, `CheckpointError`, `latest_step`
 
 from __future__ import annotations
 
-from trainguard.checkpoint.checkpointer import RANK_LOCAL_KEY, Checkpointer, latest_step
+from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.interval import IntervalPolicy, daly_interval, young_interval
-from trainguard.checkpoint.manifest import Manifest, read_manifest
+from trainguard.checkpoint.manifest import Manifest, latest_step, read_manifest
+from trainguard.checkpoint.structure import RANK_LOCAL_KEY
 from trainguard.checkpoint.writer import DiskQuota, WriteHooks
 
 __all__ = [

@@ -1,10 +1,10 @@
 """`Checkpointer`: sharded DCP saves with atomic commit, verified restore with fallback, async saves.
 
-Protocol (details in docs/checkpoint.md): every rank writes its shard into ``.staging-step-N-<nonce>/``
+Protocol (details in docs/checkpoint.md): every rank writes its shard into ``.staging-step-N-<id>/``
 while checksumming it; the ranks exchange sizes and checksums; rank 0 writes ``manifest.json``,
 renames the directory to ``step-N/`` and fsyncs the parent; the outcome is broadcast so every rank
 reports (and later raises) the same result. Background work uses its own gloo group; the main thread's
-agreements (nonce, restore choice, time-based decisions) use another, so the two never interleave.
+agreements (staging id, restore choice, time-based decisions) use another, so the two never interleave.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from trainguard.checkpoint.manifest import (
     Manifest,
     commit,
     committed_steps,
+    latest_step,
     read_manifest,
     step_dir,
     structure_mismatch,
@@ -43,6 +44,14 @@ from trainguard.checkpoint.manifest import (
     write_manifest,
 )
 from trainguard.checkpoint.retention import apply_retention
+from trainguard.checkpoint.structure import (
+    RANK_LOCAL_KEY,
+    RANK_LOCAL_STORED,
+    assign,
+    describe,
+    saved_structure,
+    tensor_bytes,
+)
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
 from trainguard.eventlog import EventWriter
 from trainguard.events import (
@@ -58,10 +67,6 @@ log = logging.getLogger(__name__)
 # Single-process use (no process group) is intended, not a mistake worth a warning per save.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-RANK_LOCAL_KEY = "rank_local"
-"""Entry of ``state`` that differs per rank (RNG, data position): saved and restored per rank."""
-_RANK_LOCAL_STORED = "__rank_local__"
-
 
 @dataclass
 class _Pending:
@@ -69,44 +74,6 @@ class _Pending:
     future: Future[tuple[bool, str]]
     blocking_seconds: float
     """Time ``save()`` held training for this save (the later wait for it is added on drain)."""
-
-
-def _describe(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in flat.items():
-        if isinstance(value, torch.Tensor):
-            out[key] = {"kind": "tensor", "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
-        else:
-            out[key] = {"kind": "object"}
-    return out
-
-
-def _saved_structure(metadata: Any) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if hasattr(md, "size") and hasattr(md, "properties"):
-            dtype = str(md.properties.dtype).removeprefix("torch.")
-            out[fqn] = {"kind": "tensor", "shape": list(md.size), "dtype": dtype}
-        else:
-            out[fqn] = {"kind": "object"}
-    return out
-
-
-def _assign(root: Any, path: tuple[Any, ...], value: Any) -> None:
-    """Set ``value`` at ``path`` (keys as DCP flattened them: str for dict keys) inside ``root``."""
-    cur = root
-    for i, key in enumerate(path):
-        if isinstance(cur, dict):
-            real = key if key in cur else next((k for k in cur if str(k) == str(key)), key)
-        else:
-            real = int(key)
-        if i == len(path) - 1:
-            if isinstance(cur, tuple):
-                log.warning("cannot restore %s inside a tuple", ".".join(map(str, path)))
-                return
-            cur[real] = value
-        else:
-            cur = cur[real]
 
 
 def _describe_error(exc: BaseException) -> str:
@@ -118,24 +85,6 @@ def _describe_error(exc: BaseException) -> str:
         return f"rank {rank}: {_describe_error(inner_exc) if isinstance(inner_exc, BaseException) else inner_exc}"
     text = str(exc).strip().splitlines()
     return f"{exc.__class__.__name__}: {text[0] if text else ''}".strip()
-
-
-def _tensor_bytes(flat: dict[str, Any]) -> int:
-    return sum(v.numel() * v.element_size() for v in flat.values() if isinstance(v, torch.Tensor))
-
-
-def latest_step(directory: str | os.PathLike[str], *, checksums: bool = False) -> int | None:
-    """Newest committed checkpoint whose manifest parses and whose files exist with the right sizes."""
-    for step in committed_steps(Path(directory)):
-        path = step_dir(Path(directory), step)
-        try:
-            manifest = read_manifest(path)
-            verify_files(path, manifest, manifest.files, checksums=checksums)
-        except CheckpointError as exc:
-            log.info("checkpoint %s skipped: %s", path, exc)
-            continue
-        return step
-    return None
 
 
 class Checkpointer:
@@ -293,7 +242,7 @@ class Checkpointer:
         staging = self.directory / f".staging-step-{step}-{nonce}"
         payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
         if RANK_LOCAL_KEY in state:
-            payload[_RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
+            payload[RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
         self._emit(
             CheckpointSaveStarted(time=start_wall, host=self._host, attempt=self.attempt, rank=self.rank, step=step)
         )
@@ -321,7 +270,7 @@ class Checkpointer:
         except Exception as exc:
             raise CheckpointError(f"checkpoint of step {step} could not be staged: {exc}") from exc
         blocking = time.perf_counter() - start
-        args = (upload, writer, staging, step, start_wall, start, blocking)
+        args = (upload, writer, staging, step, start, blocking)
         if self.async_save:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-checkpoint")
@@ -337,7 +286,6 @@ class Checkpointer:
         writer: ChecksumWriter,
         staging: Path,
         step: int,
-        start_wall: float,
         start: float,
         blocking: float,
     ) -> tuple[bool, str]:
@@ -408,7 +356,7 @@ class Checkpointer:
                 files=files,
                 checksum_algorithm=self.checksum,
                 time=time.time(),
-                structure=_saved_structure(metadata) if metadata is not None else {},
+                structure=saved_structure(metadata) if metadata is not None else {},
                 trainguard_version=trainguard.__version__,
                 torch_version=torch.__version__,
             )
@@ -488,13 +436,13 @@ class Checkpointer:
         """
         self._drain()
         self._setup_groups()
-        start_wall, start = time.time(), time.perf_counter()
+        start = time.perf_counter()
         payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
         if RANK_LOCAL_KEY in state:
-            payload[_RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
+            payload[RANK_LOCAL_STORED] = {str(self.rank): state[RANK_LOCAL_KEY]}
         flat, mapping = flatten_state_dict(payload)
-        wanted = _describe(flat)
-        own = f"{_RANK_LOCAL_STORED}.{self.rank}"
+        wanted = describe(flat)
+        own = f"{RANK_LOCAL_STORED}.{self.rank}"
         steps: list[int] = self._broadcast(committed_steps(self.directory), self._ctl_pg)
         mismatches: list[str] = []
         for step in steps:
@@ -508,7 +456,7 @@ class Checkpointer:
                     reasons = [(f"load failed: {_describe_error(exc)}", "corrupt")]
                 else:
                     self._write_back(payload, flat, mapping, state)
-                    self._loaded(step, path, start_wall, start, _tensor_bytes(flat))
+                    self._loaded(step, path, start, tensor_bytes(flat))
                     return step
             rank, (reason, kind) = next((r, x) for r, x in enumerate(reasons) if x[0])
             self._reject(step, path, f"rank {rank}: {reason}", kind)
@@ -526,7 +474,7 @@ class Checkpointer:
         saved = {
             k: v
             for k, v in manifest.structure.items()
-            if not k.startswith(_RANK_LOCAL_STORED) or k == own or k.startswith(own + ".")
+            if not k.startswith(RANK_LOCAL_STORED) or k == own or k.startswith(own + ".")
         }
         if manifest.checksum_algorithm not in available():
             return (
@@ -562,14 +510,14 @@ class Checkpointer:
     def _write_back(self, payload: dict[str, Any], flat: dict[str, Any], mapping: Any, state: dict[str, Any]) -> None:
         for fqn, value in flat.items():
             if not isinstance(value, torch.Tensor):
-                _assign(payload, tuple(mapping[fqn]), value)
+                assign(payload, tuple(mapping[fqn]), value)
         for key in state:
             if key == RANK_LOCAL_KEY:
-                state[key] = payload[_RANK_LOCAL_STORED][str(self.rank)]
+                state[key] = payload[RANK_LOCAL_STORED][str(self.rank)]
             else:
                 state[key] = payload[key]
 
-    def _loaded(self, step: int, path: Path, start_wall: float, start: float, nbytes: int) -> None:
+    def _loaded(self, step: int, path: Path, start: float, nbytes: int) -> None:
         self._protected = step
         self._last_save_step, self._last_save_time = step, time.monotonic()
         self._emit(
@@ -584,4 +532,3 @@ class Checkpointer:
                 bytes=nbytes,
             )
         )
-        del start_wall

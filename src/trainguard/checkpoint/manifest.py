@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,17 @@ def commit(staging: Path, final: Path) -> None:
         import shutil
 
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def latest_step(directory: str | PathLike[str], *, checksums: bool = False) -> int | None:
+    """Newest committed checkpoint whose manifest parses and whose files exist with the right sizes."""
+    for step in committed_steps(Path(directory)):
+        path = step_dir(Path(directory), step)
+        try:
+            manifest = read_manifest(path)
+            verify_files(path, manifest, manifest.files, checksums=checksums)
+        except CheckpointError as exc:
+            log.info("checkpoint %s skipped: %s", path, exc)
+            continue
+        return step
+    return None
