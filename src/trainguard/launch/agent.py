@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
 import time
@@ -232,7 +233,10 @@ class GuardAgent(LocalElasticAgent):
         self.attempt += 1
         self._apply_node_chaos()
         self._health_gate()
+        first = self.attempt == 0
         super()._rendezvous(worker_group)
+        if first:  # a spare joining a running job continues the job's attempt numbers
+            self.attempt = max(self.attempt, self._attempts_ended())
         self.leader = worker_group.group_rank == 0
         if self.leader and not self.run_started_written:
             self.run_started_written = True
@@ -240,6 +244,17 @@ class GuardAgent(LocalElasticAgent):
             self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
                                  world_size=ws, nnodes=worker_group.group_world_size or 1,
                                  target_steps=self.cfg.target_steps, config=self.cfg.to_json()))
+
+    def _attempts_ended(self) -> int:
+        """1 + the highest attempt any agent of this run dir closed (0 when none did)."""
+        top = -1
+        for path in (self.cfg.run_dir / "events").glob("agent-*.jsonl"):
+            with contextlib.suppress(OSError):
+                for line in path.read_text().splitlines():
+                    if '"attempt_ended"' in line:
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            top = max(top, int(json.loads(line)["attempt"]))
+        return top + 1
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         env = {
