@@ -79,7 +79,8 @@ def test_analysis_does_not_import_torch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "rank"),
     [("nccl_trace_rank_12", 12), ("fr_trace_rank_3.pkl", 3), ("trace_7.json", 7), ("x0.pickle", 0),
-     ("stacks_rank_3.txt", None), ("log_tail_rank_2.txt", None), ("verdict.json", None), ("notes", None)],
+     ("stacks_rank_3.txt", None), ("log_tail_rank_2.txt", None), ("verdict.json", None), ("notes", None),
+     (".fr_trace_rank_3.pkl.tmp", None), ("fr_trace_rank_3.pkl.tmp", None)],
 )
 def test_rank_from_name(name: str, rank: int | None) -> None:
     assert rank_from_name(name) == rank
