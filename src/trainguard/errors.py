@@ -12,6 +12,7 @@ EXIT_FAILURE = 1  # the verb ran and found a problem (failed check, failed job, 
 EXIT_USAGE = 2  # bad command-line arguments
 EXIT_INPUT = 3  # missing, unreadable, corrupt or too-new input files
 EXIT_STORAGE = 4  # cannot write results: full disk, permission denied, read-only file system
+EXIT_EXCLUDED = 5  # `run`: this node was excluded (health check, lemon list); the job may go on elsewhere
 EXIT_INTERRUPTED = 130  # Ctrl-C
 EXIT_INTERNAL = 70  # a bug in trainguard (the message says how to get the traceback)
 

@@ -5,6 +5,8 @@
       checkpoints/    step-<N>/ committed checkpoints (see trainguard.checkpoint)
       diagnostics/    attempt-<k>/ flight-recorder dumps, stacks, log tails, verdict.json
       logs/           attempt-<k>/rank-<r>.log
+      heartbeats/     <node>/attempt-<k>/rank-<r>: one small file per rank, rewritten in place
+      chaos/          marker files of fired faults and unhealthy-<node> flags (trainguard.chaos)
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class Checkpointer:
         self.hooks = hooks
         self.checksum = checksum or default_algorithm()
         new_hasher(self.checksum)  # ValueError now for an unavailable algorithm
-        self._host = socket.gethostname()
+        self._host = os.environ.get("TRAINGUARD_NODE") or socket.gethostname()  # the agent's node id
         self._save_pg = process_group
         self._ctl_pg: Any = None
         self._groups_ready = False

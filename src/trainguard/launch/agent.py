@@ -406,6 +406,7 @@ class GuardAgent(LocalElasticAgent):
         self.failures.append(record)
         self.emit(record)
         category, group, confidence = "Unknown", "Unknown", 0.5
+        lines: tuple[str, ...] = ()
         try:
             from trainguard.classify import classify_text
 
@@ -413,17 +414,17 @@ class GuardAgent(LocalElasticAgent):
                            if (ev.directory / f"log_tail_rank_{r}.txt").exists())
             c = classify_text(text, f"attempt-{self.attempt}", verdict=verdict)
             category, group, confidence = c.category, c.group, float(c.confidence)
-        except ImportError:
-            pass
-        except Exception as exc:
-            log.debug("classification failed: %s", exc)
+            # The evidence lines themselves (not only file paths): the fleet database reads XID codes from them.
+            lines = c.evidence_strings()
+        except Exception as exc:  # classification must never stand in the way of recovery
+            log.warning("classification of attempt %d failed: %s", self.attempt, exc)
         self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, category=category,
                             group=group, verdict=verdict,
                             culprit_ranks=tuple(ranks if diagnosis_ranks is None else diagnosis_ranks),
                             culprit_hosts=self._hosts_of(list(ranks if diagnosis_ranks is None
                                                              else diagnosis_ranks)),
                             confidence=confidence,
-                            explanation=explanation, evidence=tuple(ev.files)))
+                            explanation=explanation, evidence=(*ev.files, *lines)))
 
     def _close_attempt(self, reason: str, exit_code: int | None) -> None:
         if not self._attempt_closed:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard import errors
 from trainguard.events import FailureDetected, RunEnded
 from trainguard.launch.config import SupervisorConfig
 from trainguard.rundir import RunDir
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
-EXIT_EXCLUDED = 5
+EXIT_EXCLUDED = errors.EXIT_EXCLUDED
 """This node was excluded by a health check or the lemon list; the job may go on elsewhere."""
 
 
