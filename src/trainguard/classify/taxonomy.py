@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-UNKNOWN = "Unknown"
+from trainguard.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN
 
-CATEGORIES: dict[str, str] = {
-    "Faulty GPU": "GPU",
-    "GPU HBM3 Memory": "GPU",
-    "Software Bug": "Dependency",
-    "Network Switch/Cable": "Network",
-    "Host Maintenance": "Unplanned Maintenance",
-    "GPU SRAM Memory": "GPU",
-    "GPU System Processor": "GPU",
-    "NIC": "Host",
-    "NCCL Watchdog Timeouts": "Unknown",
-    "Silent Data Corruption": "GPU",
-    "GPU Thermal Interface + Sensor": "GPU",
-    "SSD": "Host",
-    "Power Supply": "Host",
-    "Server Chassis": "Host",
-    "IO Expansion Board": "Host",
-    "Dependency": "Dependency",
-    "CPU": "Host",
-    "System Memory": "Host",
-}
+CATEGORIES: dict[str, str] = TABLE5_CATEGORIES
 """Table 5's 18 categories (names verbatim, in the paper's order) and the group each belongs to."""
 
-GROUPS: tuple[str, ...] = ("GPU", "Dependency", "Network", "Unplanned Maintenance", "Host", "Unknown")
+__all__ = ["CATEGORIES", "GROUPS", "TIERS", "UNKNOWN", "default_tier", "group_of"]
 
 TIERS: tuple[str, ...] = ("hardware", "maintenance", "software", "timeout", "hint")
 """Precedence tiers, strongest first: a strong signal of an earlier tier outranks any later one."""

@@ -15,32 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import InputError, UsageError
+from trainguard.taxonomy import TABLE5_CATEGORIES, UNKNOWN
 
 log = logging.getLogger(__name__)
 
 MODELS_DIR = Path(__file__).parent / "models"
 
-TABLE5_GROUPS: dict[str, str] = {
-    "Faulty GPU": "GPU",
-    "GPU HBM3 Memory": "GPU",
-    "Software Bug": "Dependency",
-    "Network Switch/Cable": "Network",
-    "Host Maintenance": "Unplanned Maintenance",
-    "GPU SRAM Memory": "GPU",
-    "GPU System Processor": "GPU",
-    "NIC": "Host",
-    "NCCL Watchdog Timeouts": "Unknown",
-    "Silent Data Corruption": "GPU",
-    "GPU Thermal Interface + Sensor": "GPU",
-    "SSD": "Host",
-    "Power Supply": "Host",
-    "Server Chassis": "Host",
-    "IO Expansion Board": "Host",
-    "Dependency": "Dependency",
-    "CPU": "Host",
-    "System Memory": "Host",
-    "Unknown": "Unknown",
-}
+TABLE5_GROUPS: dict[str, str] = {**TABLE5_CATEGORIES, UNKNOWN: UNKNOWN}
 """Llama 3 Table 5 root-cause categories (verbatim) and their groups; ``Unknown`` for the rest."""
 
 SCOPES = ("gpu", "host", "network")
