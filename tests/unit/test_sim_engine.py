@@ -11,9 +11,10 @@ import math
 import numpy as np
 import pytest
 
+from trainguard.interval_theory import meta_ettr
 from trainguard.sim.engine import BUCKETS, simulate
 from trainguard.sim.models import load_model, parse_model
-from trainguard.sim.policy import JobConfig, PolicyConfig, meta_ettr
+from trainguard.sim.policy import JobConfig, PolicyConfig
 from trainguard.sim.summary import to_json
 
 Z = 4.0

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.interval_theory import daly_seconds, young_seconds
 from trainguard.sim.calibrate import calibrate_from_run
 from trainguard.sim.engine import simulate
 from trainguard.sim.events_out import write_trial
 from trainguard.sim.models import load_model, parse_model
 from trainguard.sim.plan import best_interval, budgets_for_target, spares_for_target, with_repair_hours
-from trainguard.sim.policy import JobConfig, PolicyConfig, daly_seconds, young_seconds
+from trainguard.sim.policy import JobConfig, PolicyConfig
 
 
 def test_young_and_daly_match_the_reference_figures() -> None:

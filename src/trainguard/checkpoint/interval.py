@@ -8,23 +8,15 @@ This module is pure: no torch, no clocks of its own (callers pass ``now``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+
+from trainguard.interval_theory import daly_seconds, young_seconds
 
 POLICIES = ("steps", "seconds", "young", "daly")
 
 
-def young_interval(cost_seconds: float, mtbf_seconds: float) -> float:
-    """Young's first-order optimum sqrt(2 C M)."""
-    return math.sqrt(2.0 * cost_seconds * mtbf_seconds)
-
-
-def daly_interval(cost_seconds: float, mtbf_seconds: float) -> float:
-    """Daly's higher-order optimum (compute time between checkpoints)."""
-    c, m = cost_seconds, mtbf_seconds
-    if c >= 2.0 * m:
-        return m
-    return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + (c / (2.0 * m)) / 9.0) - c
+young_interval = young_seconds
+daly_interval = daly_seconds
 
 
 @dataclass(frozen=True)

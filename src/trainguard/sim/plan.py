@@ -12,16 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import FailureModel
-from trainguard.sim.policy import (
-    JobConfig,
-    PolicyConfig,
-    checkpoint_interval_seconds,
-    daly_seconds,
-    meta_ettr,
-    young_seconds,
-)
+from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds
 from trainguard.sim.summary import mean_detection_seconds
 
 _FACTORS = (0.25, 0.35, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0, 2.8, 4.0)

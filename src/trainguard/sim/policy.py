@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from trainguard.errors import UsageError
+from trainguard.interval_theory import daly_seconds, young_seconds
 
 MAX_GPUS = 10_000_000
 MAX_DAYS = 3650.0
@@ -109,25 +110,6 @@ def validate(job: JobConfig, policy: PolicyConfig, trials: int = 1) -> None:
         raise UsageError("--straggler-slowdown must be at least 1")
     if policy.diurnal_swing >= 1:
         raise UsageError("diurnal swing must be below 1")
-
-
-def young_seconds(cost_seconds: float, mtbf_seconds: float) -> float:
-    """Young (1974): sqrt(2 C M)."""
-    return math.sqrt(2.0 * cost_seconds * mtbf_seconds)
-
-
-def daly_seconds(cost_seconds: float, mtbf_seconds: float) -> float:
-    """Daly (2006) higher-order optimum; M itself when the cost is at least 2M."""
-    d, m = cost_seconds, mtbf_seconds
-    if d >= 2 * m:
-        return m
-    x = d / (2 * m)
-    return math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
-
-
-def meta_ettr(n_rate_per_second: float, u0_seconds: float, interval_seconds: float, stall_seconds: float) -> float:
-    """Meta's approximation: E[ETTR] ~ (1 - N r (u0 + dt/2)) / (1 + w/dt). May go negative at high rates."""
-    return (1 - n_rate_per_second * (u0_seconds + interval_seconds / 2)) / (1 + stall_seconds / interval_seconds)
 
 
 def parse_interval(text: str) -> str:

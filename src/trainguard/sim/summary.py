@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
 from trainguard.sim.engine import BUCKETS, SimResult
 from trainguard.sim.models import FailureModel
-from trainguard.sim.policy import JobConfig, PolicyConfig, daly_seconds, meta_ettr, young_seconds
+from trainguard.sim.policy import JobConfig, PolicyConfig
 from trainguard.sim.power import PowerModel, summarize
 
 
