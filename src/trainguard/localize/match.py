@@ -142,7 +142,7 @@ class GroupAcc:
     None for ranks matched entry by entry without a template."""
     finalized: bool = False
 
-    def members(self, world: set[int] | None = None) -> list[int]:
+    def members(self, world: frozenset[int] | set[int] | None = None) -> list[int]:
         if self.config_ranks:
             return sorted(self.config_ranks)
         if self.desc == "default_pg" and world:

@@ -233,7 +233,7 @@ def group_problems(m: Matcher, ctx: Context) -> list[Problem]:
     gloo = "gloo" in m.backends
     out: list[Problem] = []
     for g in m.groups.values():
-        members = g.members(set(ctx.world))
+        members = g.members(ctx.world)
         missing = sorted(r for r in members if r not in m.ranks and r not in ctx.unreadable)
         div = _divergence(g, members, missing, ctx, gloo)
         if div is not None:
