@@ -175,3 +175,35 @@ def test_many_distinct_rank_classes_are_counted_exactly(tmp_path: Path) -> None:
     assert rep.verdict == "mismatch" and rep.culprit_ranks == (61,)
     assert rep.collective_seq == 3 and len(rep.problems) == 1
     assert f"majority ({n - 1} ranks)" in rep.explanation
+
+
+def test_rooted_gather_with_root_only_outputs_is_not_a_mismatch(tmp_path: Path) -> None:
+    # DCP's gather_object on gloo: only the destination rank records output sizes and dtypes; the others
+    # record empty outputs. That is how a gather looks, not a size or dtype mismatch.
+    write_dumps(SynthConfig(ranks=4, entries_per_rank=20, fault="none", backend="gloo"), tmp_path)
+    for path in sorted(tmp_path.iterdir()):
+        rank = int(path.name.rsplit("_", 1)[1].split(".")[0])
+        dump: dict[str, Any] = pickle.loads(path.read_bytes())
+        e = dump["entries"][5]
+        e["profiling_name"] = "gloo:gather"
+        e["input_sizes"], e["input_dtypes"] = [[24862]], ["Byte"]
+        root = rank == 0
+        e["output_sizes"], e["output_dtypes"] = ([[24862]] * 4, ["Byte"] * 4) if root else ([], [])
+        path.write_bytes(pickle.dumps(dump))
+    rep = diagnose_path(tmp_path)
+    assert rep.verdict == "healthy", rep.explanation
+    assert rep.culprit_ranks == ()
+
+
+def test_rooted_gather_with_a_real_dtype_difference_is_still_a_mismatch(tmp_path: Path) -> None:
+    write_dumps(SynthConfig(ranks=4, entries_per_rank=20, fault="none", backend="gloo"), tmp_path)
+    for path in sorted(tmp_path.iterdir()):
+        rank = int(path.name.rsplit("_", 1)[1].split(".")[0])
+        dump: dict[str, Any] = pickle.loads(path.read_bytes())
+        e = dump["entries"][5]
+        e["profiling_name"] = "gloo:gather"
+        e["input_sizes"], e["input_dtypes"] = [[8]], ["Int" if rank == 3 else "Float"]
+        e["output_sizes"], e["output_dtypes"] = ([[8]] * 4, ["Float"] * 4) if rank == 0 else ([], [])
+        path.write_bytes(pickle.dumps(dump))
+    rep = diagnose_path(tmp_path)
+    assert rep.verdict == "mismatch" and rep.culprit_ranks == (3,), rep.explanation

@@ -37,6 +37,17 @@ _RANK_DEPENDENT_SIZES = frozenset(
     {"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter",
      "allgather_v", "reduce_scatter_v", "all_gather_into_tensor_coalesced", "coalesced"}
 )
+
+
+def _dtypes(e: dict[str, Any], rank_dependent: bool) -> tuple[Any, Any]:
+    """The dtypes that must agree across ranks. Rooted ops (gather, scatter) fill only the root's output
+    (or input) side, so for them only the set of dtypes a rank used is compared, not each side."""
+    ins, outs = e.get("input_dtypes"), e.get("output_dtypes")
+    if not rank_dependent:
+        return ins, outs
+    return tuple(sorted({str(d) for d in [*(ins or ()), *(outs or ())]})), None
+
+
 _P2P_NAME = re.compile(r"^(send|recv)\b")
 _SEND = re.compile(r"send\s+(\d+)\s*->\s*(\d+)")
 _RECV = re.compile(r"recv\s+(\d+)\s*<-\s*(\d+)")
@@ -380,8 +391,7 @@ class Matcher:
             else:
                 in_sizes = e.get("input_sizes")
                 out_sizes = e.get("output_sizes")
-            in_dtypes = e.get("input_dtypes")
-            out_dtypes = e.get("output_dtypes")
+            in_dtypes, out_dtypes = _dtypes(e, rank_dependent)
             rec = g.seqs.get(seq)
             if (rec is not None and rec.op == op and rec.in_sizes == in_sizes and rec.out_sizes == out_sizes
                     and rec.in_dtypes == in_dtypes and rec.out_dtypes == out_dtypes):
@@ -483,7 +493,7 @@ class Matcher:
             seq = e["collective_seq_id"]
             in_sizes = None if rank_dependent else e.get("input_sizes")
             out_sizes = None if rank_dependent else e.get("output_sizes")
-            sig = (op, in_sizes, out_sizes, e.get("input_dtypes"), e.get("output_dtypes"))
+            sig = (op, in_sizes, out_sizes, *_dtypes(e, rank_dependent))
             rec = g.seqs.get(seq)
             if rec is not None and (rec.op, rec.in_sizes, rec.out_sizes, rec.in_dtypes, rec.out_dtypes) == sig:
                 rec.ref.add(ranks)
