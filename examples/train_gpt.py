@@ -93,18 +93,10 @@ class _NullWorker:
 
 
 def make_checkpointer(args: argparse.Namespace, worker: Any) -> Any:
-    try:
-        from trainguard.checkpoint import Checkpointer
-    except ImportError:
-        from trainguard.worker.simple_checkpoint import SimpleCheckpointer
+    from trainguard.checkpoint import Checkpointer, IntervalPolicy
 
-        return SimpleCheckpointer(args.ckpt_dir, events=worker.events, attempt=worker.attempt,
-                                  interval_steps=args.ckpt_every)
-    from trainguard.checkpoint import IntervalPolicy
-
-    ckpt = Checkpointer(args.ckpt_dir, events=worker.events, attempt=worker.attempt,
+    return Checkpointer(args.ckpt_dir, events=worker.events, attempt=worker.attempt,
                         interval=IntervalPolicy.every_steps(args.ckpt_every))
-    return ckpt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
