@@ -56,21 +56,11 @@ class NodeExcludedExit(RendezvousGracefulExitError):
 
 
 def latest_checkpoint(directory: Path) -> int | None:
-    """Newest committed checkpoint step (via the checkpoint package when present)."""
-    try:
-        from trainguard.checkpoint import latest_step
+    """Newest committed checkpoint step (manifest present; verification happens in the workers' restore)."""
+    from trainguard.checkpoint import latest_step
 
-        step = latest_step(directory)
-        return int(step) if step is not None else None
-    except ImportError:
-        pass
-    except Exception as exc:
-        log.debug("checkpoint package could not answer: %s", exc)
-    steps = []
-    for p in directory.glob("step-*"):
-        if p.name[5:].isdigit() and (p / "manifest.json").is_file():
-            steps.append(int(p.name[5:]))
-    return max(steps) if steps else None
+    step = latest_step(directory)
+    return int(step) if step is not None else None
 
 
 class RunDirLogs(LogsSpecs):
@@ -120,8 +110,7 @@ class GuardAgent(LocalElasticAgent):
         self._early: tuple[dict[int, int], evidence.Evidence, float] | None = None
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
             # import now what the first failure needs, not inside the restart's critical path
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
+            importlib.import_module(name)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -180,14 +169,11 @@ class GuardAgent(LocalElasticAgent):
                                     rank=-1, step=0, kind="unhealthy", params={"node": self.cfg.node_id}))
 
     def _health_gate(self) -> None:
+        from trainguard.health import HealthConfig, run_checks
+
         bad: list[str] = []
-        try:
-            health = importlib.import_module("trainguard.health")
-        except ImportError:
-            health = None
-        run_checks = getattr(health, "run_checks", None)
-        if health is not None and run_checks is not None and self.cfg.health_checks:
-            results = run_checks(health.HealthConfig(
+        if self.cfg.health_checks:
+            results = run_checks(HealthConfig(
                 node=self.cfg.node_id, run_dir=self.cfg.run_dir, checkpoint_dir=self.cfg.checkpoint_dir,
                 # The store only exists once the first rendezvous ran: check it on restarts only.
                 rdzv_endpoint=self.cfg.rdzv_endpoint if self.attempt > 0 else None,
@@ -199,14 +185,6 @@ class GuardAgent(LocalElasticAgent):
                                             skipped=r.skipped, attempt=self.attempt))
                 if not r.ok and not r.skipped and r.severity == "high":
                     bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
-        else:  # no health package yet: honour at least the injected-fault marker
-            marker = self.cfg.run_dir / "chaos" / f"unhealthy-{self.cfg.node_id}"
-            ok = not marker.exists()
-            self.emit(HealthCheckResult(time=time.time(), host=self.cfg.node_id, name="injected",
-                                        severity="high", ok=ok, attempt=self.attempt,
-                                        detail="" if ok else f"{marker.name} present"))
-            if not ok:
-                bad.append("injected: marked unhealthy")
         bad.extend(self._lemon_reasons())
         if bad:
             reason = "; ".join(bad)
@@ -216,18 +194,19 @@ class GuardAgent(LocalElasticAgent):
             raise NodeExcludedExit(f"node {self.cfg.node_id} excluded: {reason}")
 
     def _lemon_reasons(self) -> list[str]:
-        try:
-            from trainguard.fleetdb import FleetDB
-            from trainguard.lemon import flagged_hosts  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
+        from trainguard.fleetdb import FleetDB, default_db_path
+        from trainguard.lemon import flagged_hosts
+
+        path = Path(self.cfg.fleet_db) if self.cfg.fleet_db else default_db_path()
+        if not path.exists():  # no fleet history yet; do not create a database as a side effect
             return []
         try:
-            flagged = flagged_hosts(FleetDB(self.cfg.fleet_db))
-        except Exception as exc:
-            log.debug("lemon check skipped: %s", exc)
+            with FleetDB(path) as db:
+                flagged = flagged_hosts(db)
+        except Exception as exc:  # a broken fleet database must not stop the job
+            log.warning("lemon check skipped: %s", exc)
             return []
-        names = {getattr(h, "host", h) for h in flagged}
-        return [f"lemon: {self.cfg.node_id} flagged by fleet history"] if self.cfg.node_id in names else []
+        return [f"lemon: {self.cfg.node_id} flagged by fleet history"] if self.cfg.node_id in flagged else []
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         self.attempt += 1

@@ -114,11 +114,9 @@ def simple_culprits(directory: Path, steps: dict[int, int], world_size: int) -> 
 
 
 def localize(directory: Path, rank_hosts: dict[int, str]) -> dict[str, Any] | None:
-    """The localization package's verdict, if that package is installed and finds something."""
-    try:
-        from trainguard.localize import diagnose_path  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
+    """The localization verdict on the gathered dumps, or None when localization itself fails."""
+    from trainguard.localize import diagnose_path
+
     try:
         report = diagnose_path(directory, rank_hosts)
     except Exception as exc:
