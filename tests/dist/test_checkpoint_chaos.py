@@ -137,3 +137,39 @@ def test_corrupt_checkpoints_are_rejected_newest_complete_is_used(
     assert "missing" in rejected[1].reason
     assert "manifest" in rejected[2].reason
     assert len(list(ckpt.glob(".rejected-step-*"))) == 3  # moved aside, not deleted
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real file system with 160 KiB of room (tmpfs), for a disk that really fills up. Needs root."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root (CI runs as root)")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_really_full_disk_keeps_the_older_checkpoints_and_resumes(
+    tmp_path: Path, small_disk: Path, reference: tuple[Path, dict[str, float]]
+) -> None:
+    import subprocess
+
+    # Each checkpoint of this job takes about 60 KiB: steps 2 and 4 fit, step 6 hits ENOSPC.
+    ckpt = small_disk / "ckpt"
+    codes, results = launch(tmp_path, ckpt, steps=STEPS, tag="fault")
+    assert codes == [3, 3], (tmp_path / "fault-rank0.log").read_text()
+    assert any("No space left on device" in r.get("error", "") for r in results)
+    finished = [e for e in read_events(tmp_path / "fault-events-rank0.jsonl") if isinstance(e, CheckpointSaveFinished)]
+    assert [(e.step, e.ok) for e in finished] == [(2, True), (4, True), (6, False)]
+    assert latest_step(ckpt, checksums=True) == 4 and not list(ckpt.glob(".staging-*"))
+    # The operator frees space; the job resumes from step 4 and ends exactly as the fault-free run.
+    subprocess.run(["mount", "-o", "remount,size=2m", str(small_disk)], check=True)
+    _resume(tmp_path, ckpt, 4, reference[1])

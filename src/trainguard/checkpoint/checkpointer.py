@@ -87,6 +87,21 @@ def _describe_error(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text[0] if text else ''}".strip()
 
 
+_FULL_DISK_BYTES = 1 << 20
+
+
+def _disk_full_hint(path: Path) -> str:
+    """Torch's writer can turn ENOSPC into an opaque error ("unexpected pos ..."); say when the disk is full."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= _FULL_DISK_BYTES:
+        return ""
+    return f" (No space left on device: {free} bytes free on the checkpoint file system)"
+
+
 class Checkpointer:
     """Saves and restores training state in ``directory`` (see module doc and docs/checkpoint.md)."""
 
@@ -296,6 +311,8 @@ class Checkpointer:
             metadata = upload.result()
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             error = _describe_error(exc)
+            if "No space left" not in error:
+                error += _disk_full_hint(staging)
         written = time.perf_counter()
         try:
             reports = self._all_gather((error, dict(writer.files)), self._save_pg)
