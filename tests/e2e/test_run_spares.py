@@ -104,7 +104,8 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
     spare_started = [a for a in of_type(records, "attempt_started") if a["host"] == "node2"]
     assert spare_started and all(a["attempt"] >= 1 for a in spare_started)
     final = max(a["attempt"] for a in spare_started)
-    assert {a["host"] for a in of_type(records, "attempt_started") if a["attempt"] == final} == {"node0", "node2"}
+    assert sorted((a["host"], a["world_size"]) for a in of_type(records, "attempt_started")
+                  if a["attempt"] == final) == [("node0", 2), ("node2", 2)]
     last = [s for s in of_type(records, "step_completed") if s["attempt"] == final]
     assert {s["host"] for s in last} == {"node0", "node2"}
     assert max(s["step"] for s in last if s["host"] == "node2") == STEPS
