@@ -177,19 +177,24 @@ def test_many_distinct_rank_classes_are_counted_exactly(tmp_path: Path) -> None:
     assert f"majority ({n - 1} ranks)" in rep.explanation
 
 
-def test_rooted_gather_with_root_only_outputs_is_not_a_mismatch(tmp_path: Path) -> None:
-    # DCP's gather_object on gloo: only the destination rank records output sizes and dtypes; the others
-    # record empty outputs. That is how a gather looks, not a size or dtype mismatch.
-    write_dumps(SynthConfig(ranks=4, entries_per_rank=20, fault="none", backend="gloo"), tmp_path)
-    for path in sorted(tmp_path.iterdir()):
+def _plant_gather(directory: Path, sizes: int, input_dtype: Any) -> None:
+    """Turn entry 5 of every rank's dump into a gather rooted at rank 0: only the root records outputs
+    (as DCP's gather_object on gloo does). ``input_dtype(rank)`` gives each rank's input dtype."""
+    for path in sorted(directory.iterdir()):
         rank = int(path.name.rsplit("_", 1)[1].split(".")[0])
         dump: dict[str, Any] = pickle.loads(path.read_bytes())
         e = dump["entries"][5]
         e["profiling_name"] = "gloo:gather"
-        e["input_sizes"], e["input_dtypes"] = [[24862]], ["Byte"]
-        root = rank == 0
-        e["output_sizes"], e["output_dtypes"] = ([[24862]] * 4, ["Byte"] * 4) if root else ([], [])
+        e["input_sizes"], e["input_dtypes"] = [[sizes]], [input_dtype(rank)]
+        root_dtype = input_dtype(0)
+        e["output_sizes"], e["output_dtypes"] = ([[sizes]] * 4, [root_dtype] * 4) if rank == 0 else ([], [])
         path.write_bytes(pickle.dumps(dump))
+
+
+def test_rooted_gather_with_root_only_outputs_is_not_a_mismatch(tmp_path: Path) -> None:
+    # Only the destination rank records output sizes and dtypes; that is how a gather looks, not a mismatch.
+    write_dumps(SynthConfig(ranks=4, entries_per_rank=20, fault="none", backend="gloo"), tmp_path)
+    _plant_gather(tmp_path, 24862, lambda rank: "Byte")
     rep = diagnose_path(tmp_path)
     assert rep.verdict == "healthy", rep.explanation
     assert rep.culprit_ranks == ()
@@ -197,13 +202,6 @@ def test_rooted_gather_with_root_only_outputs_is_not_a_mismatch(tmp_path: Path) 
 
 def test_rooted_gather_with_a_real_dtype_difference_is_still_a_mismatch(tmp_path: Path) -> None:
     write_dumps(SynthConfig(ranks=4, entries_per_rank=20, fault="none", backend="gloo"), tmp_path)
-    for path in sorted(tmp_path.iterdir()):
-        rank = int(path.name.rsplit("_", 1)[1].split(".")[0])
-        dump: dict[str, Any] = pickle.loads(path.read_bytes())
-        e = dump["entries"][5]
-        e["profiling_name"] = "gloo:gather"
-        e["input_sizes"], e["input_dtypes"] = [[8]], ["Int" if rank == 3 else "Float"]
-        e["output_sizes"], e["output_dtypes"] = ([[8]] * 4, ["Float"] * 4) if rank == 0 else ([], [])
-        path.write_bytes(pickle.dumps(dump))
+    _plant_gather(tmp_path, 8, lambda rank: "Int" if rank == 3 else "Float")
     rep = diagnose_path(tmp_path)
     assert rep.verdict == "mismatch" and rep.culprit_ranks == (3,), rep.explanation

@@ -115,12 +115,9 @@ class ControlThread:
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(30)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            data += chunk
+        data = _read_line(conn)
+        if not data.endswith(b"\n"):
+            return
         request = json.loads(data)
         cmd = request.get("cmd")
         reply: dict[str, Any]
@@ -138,18 +135,24 @@ class ControlThread:
             self._sock.close()
 
 
+def _read_line(sock: socket.socket) -> bytes:
+    """Bytes up to and including the first newline, or whatever came before the peer closed."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def request(pid: int, payload: dict[str, Any], timeout_seconds: float = 10.0) -> dict[str, Any]:
     """Send one request to the rank with ``pid``; raises OSError/TimeoutError/ValueError on failure."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_seconds)
         s.connect(socket_name(pid))
         s.sendall((json.dumps(payload) + "\n").encode())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = _read_line(s)
     reply = json.loads(data)
     if not isinstance(reply, dict):
         raise ValueError("bad reply")
