@@ -152,6 +152,7 @@ def _analyze(
             warnings.append(FileWarning(d.path.name, note))
         versions[d.rank] = (d.fmt.version, d.path.name)
         matcher.add(d)
+        del d  # free this dump before the next one is read: one dump in memory at a time
     matcher.finish()
     if not matcher.ranks:
         reasons = "; ".join(f"{w.file}: {w.message}" for w in warnings[:3])

@@ -292,21 +292,29 @@ class Matcher:
             prof = str(e.get("profiling_name", "")) if isinstance(e, dict) else ""
             if ":" in prof:
                 self.backends.add(prof.split(":", 1)[0])
-        sigs: list[tuple[Any, ...]] | None = None
-        if dump.fmt.seq_key == "collective_seq_id" and entries:
-            try:
-                sigs = list(map(_FAST_GET, entries))
-            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
-                sigs = None
+        fast = dump.fmt.seq_key == "collective_seq_id" and bool(entries)
         touched = None
-        if sigs is not None:
-            for t in self._templates:
-                if t.sigs == sigs:
-                    touched = self._clone(rank, entries, dump.pg_config, t)
-                    if touched is not None:
-                        self.fast_ranks += 1
-                        break
+        if fast:
+            try:
+                for t in self._templates:
+                    # Compared entry by entry as the relative trace is built: no list of the rank's own
+                    # signatures is made (or freed) when it equals a template, which is the common case.
+                    tsigs = t.sigs
+                    if (tsigs is not None and len(tsigs) == len(entries)
+                            and all(map(operator.eq, map(_FAST_GET, entries), tsigs))):
+                        touched = self._clone(rank, entries, dump.pg_config, t)
+                        if touched is not None:
+                            self.fast_ranks += 1
+                            break
+            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
+                fast = False
         if touched is None:
+            sigs: list[tuple[Any, ...]] | None = None
+            if fast:
+                try:
+                    sigs = list(map(_FAST_GET, entries))
+                except (KeyError, TypeError, IndexError):
+                    sigs = None
             touched = self._slow(rank, dump, sigs)
         for g in touched:
             pg_id = g.pg_ids.get(rank)
