@@ -133,6 +133,19 @@ class _Template:
     """pg_id -> the template rank's own group name."""
     virtual: dict[tuple[Any, str], list[int]] = field(default_factory=dict)
     """(pg_id, group name) -> ranks whose trace equals this one, not yet materialized."""
+    views: dict[int, tuple[dict[str, Any], Any, tuple[str, ...]]] = field(default_factory=dict)
+    """Position -> (the template's entry, its raw frames, those frames formatted), for evidence of clones."""
+
+    def view_source(self, pos: int, e: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+        """What a clone's evidence for entry ``e`` at ``pos`` can share with the template: the template's
+        entry (equal in every compared field) and its formatted frames when ``e``'s frames are equal."""
+        cached = self.views.get(pos)
+        if cached is None:
+            te = self.entries[pos]  # type: ignore[index]  # a template that takes clones keeps its entries
+            raw = te.get("frames")
+            cached = self.views[pos] = (te, raw, _frames(raw))
+        te, raw, frames = cached
+        return te, (frames if e.get("frames") == raw else None)
 
 
 @dataclass
@@ -208,9 +221,15 @@ def _parse_ranks(raw: Any) -> tuple[int, ...] | None:
 
 
 def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, gloo: bool,
-              members: tuple[int, ...] | None) -> EntryView:
-    """The evidence record of one raw entry."""
-    prof = str(e.get("profiling_name", ""))
+              members: tuple[int, ...] | None, like: dict[str, Any] | None = None,
+              frames: tuple[str, ...] | None = None) -> EntryView:
+    """The evidence record of one raw entry.
+
+    ``like``: an entry of another rank equal to ``e`` in name, sizes, dtypes, state and retired, whose
+    objects are shared instead of keeping ``e``'s; ``frames``: ``e``'s frames, already formatted.
+    """
+    s = e if like is None else like
+    prof = str(s.get("profiling_name", ""))
     peer = None
     if is_p2p:
         m = _SEND.search(prof) or _RECV.search(prof)
@@ -218,7 +237,7 @@ def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, 
             local = int(m.group(2))
             peer = members[local] if members and local < len(members) else local
     started = e.get("time_discovered_started_ns")
-    state = str(e.get("state", ""))
+    state = str(s.get("state", ""))
     if not gloo and state == "scheduled" and started:
         state = "started"
     return EntryView(
@@ -230,14 +249,14 @@ def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, 
         is_p2p=is_p2p,
         state=state,
         completed=done,
-        input_sizes=e.get("input_sizes"),
-        output_sizes=e.get("output_sizes"),
-        input_dtypes=e.get("input_dtypes"),
-        output_dtypes=e.get("output_dtypes"),
+        input_sizes=s.get("input_sizes"),
+        output_sizes=s.get("output_sizes"),
+        input_dtypes=s.get("input_dtypes"),
+        output_dtypes=s.get("output_dtypes"),
         peer=peer,
-        frames=_frames(e.get("frames")),
+        frames=_frames(e.get("frames")) if frames is None else frames,
         time_created_ns=e.get("time_created_ns"),
-        retired=bool(e.get("retired")),
+        retired=bool(s.get("retired")),
     )
 
 
@@ -347,10 +366,12 @@ class Matcher:
             if slot.last_pos >= 0:
                 e = entries[slot.last_pos]
                 gloo, done = _done(e)
-                st.last = make_view(rank, e, slot.last_seq, False, done, gloo, members)
+                like, frames = t.view_source(slot.last_pos, e)
+                st.last = make_view(rank, e, slot.last_seq, False, done, gloo, members, like, frames)
             for pos, seq, is_p2p in slot.active:
                 e = entries[pos]
-                st.active.append(make_view(rank, e, seq, is_p2p, False, _done(e)[0], members))
+                like, frames = t.view_source(pos, e)
+                st.active.append(make_view(rank, e, seq, is_p2p, False, _done(e)[0], members, like, frames))
             t.virtual.setdefault((pg_id, g.name), []).append(rank)
             g.sources[(id(t), pg_id)] = (t, pg_id)
             touched.append(g)
@@ -436,6 +457,7 @@ class Matcher:
 
     def _retire(self, t: _Template) -> None:
         """``t`` no longer takes new virtual members: free it, or keep it until it is materialized."""
+        t.views = {}
         if not t.virtual:
             t.sigs = t.entries = None
             return
