@@ -36,7 +36,9 @@ def test_crash_and_hang_are_detected_with_evidence_and_the_job_completes(tmp_pat
     bound = 3 * statistics.median(durations) + 5
     assert failures[1]["detection_latency_seconds"] <= bound
     assert failures[1]["time"] - injected[1]["time"] <= bound  # from the injected hang itself
-    assert failures[1]["time"] - injected[1]["time"] >= 3  # and not before the 3 s floor passed
+    # The 3 s floor counts from the rank's last progress (its last heartbeat, written just before the
+    # injected hang), not from the injection record: measured from the latter it can be a few ms short.
+    assert failures[1]["detection_latency_seconds"] >= 3
 
     # Evidence of every rank of the hung attempt, gathered before the kill.
     diag = run_dir / "diagnostics" / "attempt-1"
