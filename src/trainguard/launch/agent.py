@@ -339,10 +339,8 @@ class GuardAgent(LocalElasticAgent):
             ev = evidence.gather(self.cfg.run_dir, self.cfg.run_dir / "diagnostics" / f"attempt-{self.attempt}",
                                  self._live(wg, set(codes)), self._logs(wg))
         failed = sorted(codes)
-        signalled = [r for r in failed if codes[r] < 0]
-        # Ranks killed by a signal are the cause; ranks exiting with an error may only be its echo.
-        culprits = signalled or failed
-        kind = "crash" if signalled else "exit"
+        culprits, kind = evidence.crash_culprits(codes)
+        signalled = kind == "crash"
         beats = self._read_beats(wg)
         steps = [b["step"] for b in beats.values() if b is not None]
         detail = ", ".join(f"rank {r} exit code {codes[r]}" for r in failed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,19 @@ def enqueued_per_rank(directory: Path) -> dict[int, int]:
         except Exception as exc:
             log.warning("cannot read %s: %s", path, exc)
     return out
+
+
+def crash_culprits(exit_codes: dict[int, int]) -> tuple[list[int], str]:
+    """Culprit ranks and failure kind from the exit codes of the ranks that ended.
+
+    Ranks killed by a signal are the cause; ranks exiting with an error may only be its echo. Among
+    signalled ranks, SIGABRT is itself usually an echo: gloo and NCCL processes abort (std::terminate)
+    when a peer's connection resets, so a rank that died of another signal is preferred.
+    """
+    failed = sorted(exit_codes)
+    signalled = [r for r in failed if exit_codes[r] < 0]
+    primary = [r for r in signalled if exit_codes[r] != -signal.SIGABRT]
+    return (primary or signalled or failed), ("crash" if signalled else "exit")
 
 
 def simple_culprits(directory: Path, steps: dict[int, int], world_size: int) -> tuple[list[int], str]:

@@ -1,0 +1,24 @@
+"""Which ranks a crash is blamed on, from the exit codes of the ranks that ended."""
+
+from __future__ import annotations
+
+import signal
+
+from trainguard.launch.evidence import crash_culprits
+
+
+def test_killed_rank_is_blamed_not_the_rank_that_aborted_after_it() -> None:
+    # Seen in CI: rank 1 SIGKILLed, rank 0's gloo aborted on "Connection reset by peer" (SIGABRT).
+    assert crash_culprits({0: -signal.SIGABRT, 1: -signal.SIGKILL}) == ([1], "crash")
+
+
+def test_abort_alone_is_the_culprit() -> None:
+    assert crash_culprits({2: -signal.SIGABRT, 3: 1}) == ([2], "crash")
+
+
+def test_signal_outranks_error_exit() -> None:
+    assert crash_culprits({0: 1, 1: -signal.SIGSEGV}) == ([1], "crash")
+
+
+def test_error_exits_only() -> None:
+    assert crash_culprits({0: 1, 3: 2}) == ([0, 3], "exit")
