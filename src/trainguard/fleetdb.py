@@ -24,7 +24,6 @@ from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
     Diagnosis,
-    Event,
     FailureDetected,
     HealthCheckResult,
     NodeExcluded,
@@ -214,17 +213,6 @@ class FleetDB:
             )
         log.info("indexed %s: %d events, %d new", run_id, len(rows), new)
         return new
-
-    def add_events(self, run_id: str, writer: str, first_line: int, records: list[Event]) -> int:
-        """Index records streamed by a live writer (line numbers from ``first_line``); returns new rows."""
-        rows = [
-            (run_id, writer, first_line + i, r.TYPE, r.time, r.host, json.dumps(r.to_dict(), separators=(",", ":")))
-            for i, r in enumerate(records)
-        ]
-        with self._transaction() as db:
-            before = db.total_changes
-            db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-            return db.total_changes - before
 
     def runs(self) -> list[RunRecord]:
         cur = self._conn.execute(
