@@ -26,7 +26,6 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from trainguard import chaos
@@ -44,6 +43,7 @@ from trainguard.events import (
 )
 from trainguard.launch import evidence
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.watchdog import Watchdog
 from trainguard.worker import parse_heartbeat
 from trainguard.worker.library import HEARTBEAT_BYTES
@@ -63,37 +63,14 @@ def latest_checkpoint(directory: Path) -> int | None:
     return int(step) if step is not None else None
 
 
-class RunDirLogs(LogsSpecs):
-    """Worker logs at ``logs/attempt-<k>/rank-<r>.log`` (stderr) and ``rank-<r>.stdout.log``."""
-
-    def __init__(self, agent: GuardAgent) -> None:
-        super().__init__(log_dir=str(agent.cfg.run_dir / "logs"), redirects=Std.ALL)
-        self._agent = agent
-
-    @property
-    def root_log_dir(self) -> str:
-        return str(self._agent.cfg.run_dir / "logs")
-
-    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-        d = self._agent.cfg.run_dir / "logs" / f"attempt-{self._agent.attempt}"
-        d.mkdir(parents=True, exist_ok=True)
-        dest = LogsDest()
-        for local_rank, env in envs.items():
-            rank = env.get("RANK", str(local_rank))
-            dest.stdouts[local_rank] = str(d / f"rank-{rank}.stdout.log")
-            dest.stderrs[local_rank] = str(d / f"rank-{rank}.log")
-            dest.error_files[local_rank] = str(d / f"rank-{rank}.error.json")
-            env["TORCHELASTIC_ERROR_FILE"] = dest.error_files[local_rank]
-        return dest
-
-
 class GuardAgent(LocalElasticAgent):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
     def __init__(self, spec: Any, cfg: SupervisorConfig) -> None:
         self.cfg = cfg
         self.attempt = -1
-        super().__init__(spec, logs_specs=RunDirLogs(self), exit_barrier_timeout=120, shutdown_timeout=5)
+        super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
+                         shutdown_timeout=5)
         self.events = EventWriter(cfg.run_dir / "events" / f"agent-{cfg.node_id}.jsonl")
         self.watchdog = Watchdog(cfg.watchdog)
         self.faults = chaos.parse_spec(cfg.chaos)

@@ -41,6 +41,8 @@ class SupervisorConfig:
     last_call_seconds: int = 2
     """How long the rendezvous waits for more nodes once ``min_nodes`` joined."""
     join_timeout_seconds: int = 600
+    stop_grace_seconds: float = 3.0
+    """How long a worker being stopped gets between SIGTERM (after SIGCONT) and SIGKILL."""
 
     @property
     def checkpoint_dir(self) -> Path:
