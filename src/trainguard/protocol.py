@@ -37,6 +37,8 @@ class RunLayout:
 
     root: Path
     """The run directory."""
+    logs_root: Path | None = None
+    """Where ``attempt-<k>/`` log folders go (torchrun's ``--log-dir``); default ``<root>/logs``."""
 
     @property
     def events_dir(self) -> Path:
@@ -60,8 +62,12 @@ class RunLayout:
         """Evidence of one attempt: flight-recorder dumps, stacks, log tails."""
         return self.root / "diagnostics" / f"attempt-{attempt}"
 
+    @property
+    def logs_base(self) -> Path:
+        return self.logs_root if self.logs_root is not None else self.root / "logs"
+
     def logs_dir(self, attempt: int) -> Path:
-        return self.root / "logs" / f"attempt-{attempt}"
+        return self.logs_base / f"attempt-{attempt}"
 
     def rank_log(self, attempt: int, rank: int) -> Path:
         """A worker's stderr."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.launch.watchdog import WatchdogConfig
+from trainguard.protocol import RunLayout
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,17 @@ class SupervisorConfig:
     last_call_seconds: int = 2
     """How long the rendezvous waits for more nodes once ``min_nodes`` joined."""
     join_timeout_seconds: int = 600
+    auto_instrument: bool = True
+    """Load trainguard's worker side into every worker at start-up (no script change needed)."""
+    logs_dir_override: Path | None = None
+    """torchrun's ``--log-dir``: where ``attempt-<k>/`` log folders go instead of ``<run dir>/logs``."""
     stop_grace_seconds: float = 3.0
     """How long a worker being stopped gets between SIGTERM (after SIGCONT) and SIGKILL."""
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run directory's paths (`trainguard.protocol.RunLayout`)."""
+        return RunLayout(self.run_dir, self.logs_dir_override)
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -7,20 +7,19 @@ from collections.abc import Callable
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
 from trainguard.launch.config import SupervisorConfig
-from trainguard.protocol import RunLayout
 
 
 class RunDirLogs(LogsSpecs):
     """Worker logs at ``logs/attempt-<k>/rank-<r>.log`` (stderr) and ``rank-<r>.stdout.log``."""
 
     def __init__(self, cfg: SupervisorConfig, attempt: Callable[[], int]) -> None:
-        super().__init__(log_dir=str(cfg.run_dir / "logs"), redirects=Std.ALL)
-        self._layout = RunLayout(cfg.run_dir)
+        super().__init__(log_dir=str(cfg.layout.logs_base), redirects=Std.ALL)
+        self._layout = cfg.layout
         self._attempt = attempt
 
     @property
     def root_log_dir(self) -> str:
-        return str(self._layout.root / "logs")
+        return str(self._layout.logs_base)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         attempt = self._attempt()
