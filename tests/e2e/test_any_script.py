@@ -1,0 +1,189 @@
+"""`trainguard run` on training scripts that never heard of trainguard: plain DDP and PyTorch Lightning.
+
+Each script is launched exactly as under torchrun (the word ``torchrun`` replaced by ``trainguard run``),
+checkpoints itself, and resumes from its own checkpoint. Faults come from outside (``kill -9``,
+``kill -STOP``) or from the chaos schedule fired by the automatic optimizer hooks. For each fault the
+test checks what a user relies on: detected (a hang within max(floor, 3 x median step) + 5 s of the last
+progress), the culprit rank named, flight-recorder dumps and stacks of the live ranks saved, the job
+resumed from the script's checkpoint and finished, and ``trainguard report --json`` adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e._run_helpers import events, of_type, start_trainguard, trainguard
+from trainguard.protocol import RunLayout, read_heartbeat
+
+HERE = Path(__file__).resolve().parent / "unmodified"
+PLAIN = HERE / "plain_ddp.py"
+LIGHTNING = HERE / "lightning_ddp.py"
+HANG_FLOOR = 3.0
+
+pytestmark = pytest.mark.timeout(240)
+
+
+SCRIPTS = [pytest.param(PLAIN, id="plain-ddp"), pytest.param(LIGHTNING, id="lightning")]
+
+
+def _launch(tmp_path: Path, script: Path, *, steps: int, inject: str | None = None,
+            extra: tuple[str, ...] = ()) -> tuple[Any, Path, Path]:
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = ["run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--run-dir", str(run_dir),
+            "--hang-floor", str(HANG_FLOOR), "--no-health-checks", "--quiet"]
+    if inject:
+        args += ["--inject", inject]
+    args += [str(script), "--steps", str(steps), "--ckpt-dir", str(ckpt), *extra]
+    proc = start_trainguard(*args, log=tmp_path / "trainguard.log")
+    return proc, run_dir, ckpt
+
+
+def _wait(proc: Any, tmp_path: Path, timeout: float = 200) -> None:
+    try:
+        code = proc.wait(timeout=timeout)
+    except Exception:
+        proc.kill()
+        raise
+    out = (tmp_path / "trainguard.log").read_text(errors="replace")
+    assert code == 0, f"trainguard run exited {code}:\n{out[-4000:]}"
+
+
+def _worker_pid(run_dir: Path, rank: int, attempt: int) -> int:
+    """The pid of the worker with this rank, found through its environment as an operator would."""
+    want = {f"TRAINGUARD_RUN_DIR={run_dir.resolve()}".encode(), f"RANK={rank}".encode(),
+            f"TRAINGUARD_ATTEMPT={attempt}".encode()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            return int(entry.name)
+    raise AssertionError(f"no worker process of rank {rank} in attempt {attempt}")
+
+
+def _wait_for_step(run_dir: Path, rank: int, step: int, timeout: float = 120) -> None:
+    layout = RunLayout(run_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in layout.heartbeats_root.glob(f"*/attempt-0/rank-{rank}"):
+            beat = read_heartbeat(path)
+            if beat is not None and beat.steps_done >= step:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never reached step {step}")
+
+
+def _report(run_dir: Path) -> dict[str, Any]:
+    res = trainguard("report", str(run_dir), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout))
+
+
+def _check_report_adds_up(run_dir: Path, steps: int) -> dict[str, Any]:
+    rep = _report(run_dir)
+    assert rep["completed_steps"] == steps
+    assert 0 < rep["ettr"] < 1
+    total = rep["productive_seconds"] + sum(rep["badput_seconds"].values())
+    assert total == pytest.approx(rep["wall_seconds"], rel=1e-6, abs=1e-6)
+    assert rep["ettr"] == pytest.approx(rep["productive_seconds"] / rep["wall_seconds"], rel=1e-6)
+    return rep
+
+
+def _step_times(run_dir: Path) -> list[float]:
+    return [r["duration_seconds"] for r in of_type(events(run_dir, "rank-"), "step_completed")]
+
+
+def _check_failure(run_dir: Path, kind: str, rank: int) -> dict[str, Any]:
+    agent = events(run_dir, "agent-")
+    failures = of_type(agent, "failure_detected")
+    assert [f["kind"] for f in failures] == [kind], failures
+    failure = failures[0]
+    assert failure["ranks"] == [rank], failure
+    diag = of_type(agent, "diagnosis")
+    assert diag and rank in diag[0]["culprit_ranks"], diag
+    if kind == "hang":
+        bound = max(HANG_FLOOR, 3 * statistics.median(_step_times(run_dir))) + 5
+        assert failure["detection_latency_seconds"] <= bound, failure
+    evidence = RunLayout(run_dir).diagnostics_dir(failure["attempt"])
+    live = 1 - rank
+    assert (evidence / f"fr_trace_rank_{live}.pkl").stat().st_size > 0
+    assert "Thread" in (evidence / f"stacks_rank_{live}.txt").read_text()
+    return failure
+
+
+def _resumed(run_dir: Path, script: Path) -> bool:
+    logs = RunLayout(run_dir).logs_dir(1)
+    text = "".join(p.read_text(errors="replace") for p in logs.glob("rank-0*.log"))
+    return ("resumed from step" in text) if script == PLAIN else ("Restoring states from the checkpoint" in text)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_healthy_run_is_never_killed(tmp_path: Path, script: Path) -> None:
+    # Evaluation pauses without steps or collectives, several times longer than the hang timeout:
+    # a healthy job that is computing, not waiting, must not be called hung.
+    extra = ("--eval-every", "25", "--eval-seconds", "8") if script == PLAIN else ()
+    proc, run_dir, _ = _launch(tmp_path, script, steps=60, extra=extra)
+    _wait(proc, tmp_path)
+    agent = events(run_dir, "agent-")
+    assert of_type(agent, "failure_detected") == []
+    assert len(of_type(agent, "attempt_started")) == 1
+    rep = _check_report_adds_up(run_dir, 60)
+    assert rep["attempts"] == 1
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_kill_9_of_a_rank(tmp_path: Path, script: Path) -> None:
+    proc, run_dir, _ = _launch(tmp_path, script, steps=50)
+    _wait_for_step(run_dir, 1, 15)
+    os.kill(_worker_pid(run_dir, 1, 0), signal.SIGKILL)
+    _wait(proc, tmp_path)
+    _check_failure(run_dir, "crash", 1)
+    assert _resumed(run_dir, script)
+    _check_report_adds_up(run_dir, 50)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_kill_stop_of_a_rank(tmp_path: Path, script: Path) -> None:
+    proc, run_dir, _ = _launch(tmp_path, script, steps=50)
+    _wait_for_step(run_dir, 1, 15)
+    pid = _worker_pid(run_dir, 1, 0)
+    os.kill(pid, signal.SIGSTOP)
+    _wait(proc, tmp_path)
+    failure = _check_failure(run_dir, "hang", 1)
+    assert "stopped" in failure["detail"], failure
+    assert _resumed(run_dir, script)
+    _check_report_adds_up(run_dir, 50)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_chaos_crash_then_hang(tmp_path: Path, script: Path) -> None:
+    proc, run_dir, _ = _launch(tmp_path, script, steps=50, inject="crash@step=15,rank=1;hang@step=35,rank=0")
+    _wait(proc, tmp_path)
+    agent = events(run_dir, "agent-")
+    failures = of_type(agent, "failure_detected")
+    assert [(f["kind"], f["ranks"]) for f in failures] == [("crash", [1]), ("hang", [0])], failures
+    injected = of_type(events(run_dir, "rank-"), "fault_injected")
+    assert sorted(f["kind"] for f in injected) == ["crash", "hang"]
+    hang = failures[1]
+    bound = max(HANG_FLOOR, 3 * statistics.median(_step_times(run_dir))) + 5
+    assert hang["detection_latency_seconds"] <= bound
+    evidence = RunLayout(run_dir).diagnostics_dir(hang["attempt"])
+    assert (evidence / "fr_trace_rank_1.pkl").exists() and (evidence / "stacks_rank_0.txt").exists()
+    rep = _check_report_adds_up(run_dir, 50)
+    assert rep["attempts"] == 3
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,66 @@
+"""A plain DDP training script written for torchrun; it has never heard of trainguard.
+
+Trains a tiny MLP with AdamW on synthetic data, saves its own checkpoint every --ckpt-every steps with
+torch.save (rank 0, atomically) and resumes from it. --eval-every/--eval-seconds add an evaluation
+phase with no optimizer step and no collective, as real scripts have.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--step-seconds", type=float, default=0.05)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-seconds", type=float, default=0.0)
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    path = os.path.join(args.ckpt_dir, "last.pt")
+    start = 0
+    if os.path.exists(path):
+        state = torch.load(path, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+        print(f"rank {rank}: resumed from step {start}", flush=True)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    for step in range(start + 1, args.steps + 1):
+        x = torch.randn(64, 16, generator=gen)
+        y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_seconds)
+        if step % args.ckpt_every == 0 and rank == 0:
+            os.makedirs(args.ckpt_dir, exist_ok=True)
+            tmp = path + ".tmp"
+            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            os.replace(tmp, path)
+        if args.eval_every and step % args.eval_every == 0:
+            with torch.no_grad():
+                model.module(torch.randn(8, 16))
+            time.sleep(args.eval_seconds)
+        if step % 10 == 0 and rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
