@@ -13,17 +13,48 @@ from __future__ import annotations
 
 import logging
 import os
-import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.errors import InputError
+from trainguard.errors import InputError, StorageError
 from trainguard.eventlog import EventWriter, iter_events
 from trainguard.events import Event
+from trainguard.names import check_name
 
 log = logging.getLogger(__name__)
 
-_WRITER_NAME = re.compile(r"^[A-Za-z0-9_.@-]+$")
+DIR_MODE = 0o750
+"""Mode of the folders a run creates: the owner writes, the group reads (logs and evidence may hold
+paths, host names and data samples), others see nothing, whatever the umask."""
+
+
+def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
+    """Create ``path`` and any missing parents with ``mode`` (not the umask's); folders that already
+    exist keep their mode. Raises `StorageError` when a folder cannot be created."""
+    target = Path(path)
+    missing: list[Path] = []
+    p = target
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode)
+        except FileExistsError:  # another process made it first: it is theirs, leave its mode alone
+            continue
+        except OSError as exc:
+            raise StorageError(f"cannot create folder {d}: {exc.strerror or exc}") from None
+        try:
+            # mkdir's mode is filtered by the umask (077 would give 0700, 000 gives 0777): set it outright
+            os.chmod(d, mode)
+        except OSError as exc:
+            raise StorageError(f"cannot set the mode of folder {d}: {exc.strerror or exc}") from None
+    if not target.is_dir():
+        raise StorageError(f"cannot create folder {target}: a file of that name exists")
+    return target
 
 
 @dataclass(frozen=True)
@@ -61,15 +92,16 @@ class RunDir:
         return self.root / "logs" / f"attempt-{attempt}"
 
     def create(self) -> RunDir:
-        """Make the directory skeleton (idempotent)."""
+        """Make the directory skeleton (idempotent); new folders get `DIR_MODE` (0750) whatever the umask.
+        Raises `StorageError` when a folder cannot be created."""
         for d in (self.events_dir, self.checkpoints_dir, self.root / "diagnostics", self.root / "logs"):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         return self
 
     def writer(self, name: str, *, fsync: bool = False) -> EventWriter:
-        """An appending writer for ``events/<name>.jsonl``; ``name`` like ``agent-node1`` or ``rank-3``."""
-        if not _WRITER_NAME.match(name):
-            raise ValueError(f"bad event writer name {name!r}")
+        """An appending writer for ``events/<name>.jsonl``; ``name`` like ``agent-node1`` or ``rank-3``.
+        Raises `UsageError` for a name that is not a safe file name (see `trainguard.names.check_name`)."""
+        check_name("event writer name", name)
         return EventWriter(self.events_dir / f"{name}.jsonl", fsync=fsync)
 
     def event_files(self) -> list[Path]:
@@ -80,7 +112,16 @@ class RunDir:
             raise InputError(f"{self.root}: not a directory")
         if not self.events_dir.is_dir():
             raise InputError(f"{self.root}: not a run directory (no events/ folder)")
-        return sorted(self.events_dir.glob("*.jsonl"))
+        files = sorted(self.events_dir.glob("*.jsonl"))
+        for path in files:
+            # a FIFO or device named *.jsonl would block the reader forever (or read without end)
+            try:
+                regular = stat.S_ISREG(path.stat().st_mode)
+            except OSError as exc:
+                raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            if not regular:
+                raise InputError(f"{path}: not a regular file")
+        return files
 
     def load(self) -> list[LoadedEvent]:
         """Every record of every writer, file by file in file order. Raises `InputError` when empty."""

@@ -103,7 +103,10 @@ def test_user_rules_extend_and_override(tmp_path: Path) -> None:
         ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 0.5\npattern = "(x"\n', "bad regular expression"),
         ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 5\npattern = "x"\n', "confidence"),
         ('[[rule]]\ncategory = "CPU"\nconfidence = 0.5\npattern = "x"\n', "needs an id"),
-        ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 0.5\npattern = "(?i)ab"\n', "without keywords"),
+        ("[[rule]]\nid = 'a'\ncategory = 'CPU'\nconfidence = 0.5\npattern = '(a)\\1'\n", "rule 'a'.*not supported"),
+        ("[[rule]]\nid = 'a'\ncategory = 'CPU'\nconfidence = 0.5\nkeywords = ['a']\npattern = 'a(?=b)'\n",
+         "rule 'a'.*RE2"),
+        ("rule = 3\n", "rule must be written as"),
     ],
 )
 def test_bad_rules_files_are_input_errors(tmp_path: Path, body: str, message: str) -> None:

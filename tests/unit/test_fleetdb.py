@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.unit.streams import crash_mid_step, skewed_hosts
 from trainguard.errors import InputError
+from trainguard.events import RunEnded, RunStarted
 from trainguard.fleetdb import FleetDB
 from trainguard.rundir import RunDir
 
 
-def _make_run(root: Path, name: str, case) -> RunDir:
+def _make_run(root: Path, name: str, case, *, own_id: bool = False) -> RunDir:
+    """A run directory holding ``case``; with ``own_id`` its run_id is the folder name (a distinct run,
+    where copies of one case would otherwise be one run copied to several folders)."""
     rd = RunDir(root / name).create()
     for writer, records in case.writers.items():
+        if own_id:
+            records = [replace(r, run_id=name) if isinstance(r, (RunStarted, RunEnded)) else r for r in records]
         with rd.writer(writer) as w:
             w.write_all(records)
     return rd
@@ -51,7 +57,8 @@ def _index_many(db_path: str, runs: list[str], rounds: int) -> None:
 
 
 def test_concurrent_indexers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    runs = [_make_run(tmp_path, f"run-{i}", (crash_mid_step if i % 2 else skewed_hosts)()) for i in range(6)]
+    runs = [_make_run(tmp_path, f"run-{i}", (crash_mid_step if i % 2 else skewed_hosts)(), own_id=True)
+            for i in range(6)]
     expected = sum(_count_lines(r) for r in runs)
     db_path = str(tmp_path / "fleet.db")
     ctx = mp.get_context("spawn")

@@ -6,17 +6,61 @@ their own file (``trainguard classify --rules FILE``). See docs/classify.md for 
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import re2
 
 from trainguard.classify.taxonomy import CATEGORIES, TIERS, UNKNOWN, default_tier
 from trainguard.errors import InputError
 
+log = logging.getLogger(__name__)
+
 BUILTIN_RULES = Path(__file__).with_name("rules.toml")
 _VALID_CATEGORIES = frozenset(CATEGORIES) | {UNKNOWN}
+
+
+class TextMatch(Protocol):
+    """What the classifier reads from a match (Python's ``re.Match`` and RE2's match both fit)."""
+
+    def group(self, name: str, /) -> Any: ...
+    def groupdict(self) -> dict[str, Any]: ...
+    def end(self) -> int: ...
+
+
+class TextPattern(Protocol):
+    """A compiled pattern: Python ``re`` for the built-in rules, RE2 (linear time) for user rules."""
+
+    @property
+    def pattern(self) -> Any: ...
+    @property
+    def groupindex(self) -> Mapping[str, int]: ...
+    def search(self, string: str, /) -> TextMatch | None: ...
+
+
+def _re2_options(*, ignore_case: bool = False, latin1: bool = False) -> Any:
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own copy of the error to stderr
+    options.case_sensitive = not ignore_case
+    if latin1:  # byte patterns over raw log blocks: one character per byte, like Python's bytes patterns
+        options.encoding = re2.Options.Encoding.LATIN1
+    return options
+
+
+def _re2_reason(exc: Exception) -> str:
+    arg = exc.args[0] if exc.args else exc
+    return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+
+
+def compile_user_bytes(pattern: bytes) -> Any:
+    """A byte pattern built from user rules, compiled with RE2 (raises ``re2.error``)."""
+    return re2.compile(pattern, _re2_options(latin1=True))
 
 
 @dataclass(frozen=True)
@@ -31,17 +75,19 @@ class Rule:
     """How sure one matching line makes us, 0..1."""
     tier: str
     """Precedence tier (see `TIERS`)."""
-    pattern: re.Pattern[str]
+    pattern: TextPattern
     """Searched in each candidate line; named groups ``gpu`` and ``host`` locate the suspect."""
     keywords: tuple[str, ...] = ()
     """Literal strings of which one must occur in the line (a fast pre-filter); empty = use pattern."""
-    unless: re.Pattern[str] | None = None
+    unless: TextPattern | None = None
     """A line that also matches this is not evidence for this rule."""
     ignore_case: bool = False
     explain: str = ""
     yields_to: tuple[str, ...] = ()
     """Categories this rule's lines support instead when they have evidence of their own (a generic
     CUDA ECC message supports an SRAM XID rather than competing with it)."""
+    builtin: bool = True
+    """From the built-in file (Python ``re``); False for a user file's rule (compiled with RE2)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +99,7 @@ class XidRule:
     confidence: float
     tier: str
     explain: str = ""
-    qualifiers: tuple[tuple[re.Pattern[str], str, str], ...] = ()
+    qualifiers: tuple[tuple[TextPattern, str, str], ...] = ()
     """(pattern, category, explain): the first qualifier matching the line's text overrides."""
 
 
@@ -73,19 +119,21 @@ class RuleSet:
     """Everything the classifier needs, loaded from one or more rule files."""
 
     rules: tuple[Rule, ...]
-    xid_pattern: re.Pattern[str]
+    xid_pattern: TextPattern
     """Finds an XID line; groups ``code`` (required) and ``gpu``/``host`` (optional)."""
     xids: tuple[XidRule, ...]
     unknown_xid_confidence: float
     verdicts: tuple[VerdictRule, ...]
-    line_hosts: tuple[re.Pattern[str], ...] = ()
+    line_hosts: tuple[TextPattern, ...] = ()
     """Patterns whose ``host`` group names the host of the line they match (syslog prefixes)."""
-    source_hosts: tuple[re.Pattern[str], ...] = ()
+    source_hosts: tuple[TextPattern, ...] = ()
     """Patterns whose ``host`` group names the host the whole log is from (torchelastic summaries)."""
     source_host_keywords: tuple[str, ...] = ()
     strong_confidence: float = 0.5
     """Signals below this confidence are weak: they win only when nothing strong is present."""
     sources: tuple[str, ...] = field(default_factory=tuple)
+    xid_pattern_builtin: bool = True
+    """False when a user file set ``xid_pattern`` (then it is an RE2 pattern)."""
 
     def xid_rule(self, code: int) -> XidRule | None:
         for r in self.xids:
@@ -98,13 +146,24 @@ def _fail(where: str, msg: str) -> InputError:
     return InputError(f"{where}: {msg}")
 
 
-def _regex(where: str, text: Any, ignore_case: bool = False) -> re.Pattern[str]:
+def _regex(where: str, text: Any, ignore_case: bool = False, *, user: bool = False) -> TextPattern:
+    """Compile a rule's pattern: built-in ones with Python ``re``; a user's with RE2, whose matching time
+    is linear in the line length, so no pattern (``^(a+)+$``) can make a log take forever."""
     if not isinstance(text, str) or not text:
         raise _fail(where, "pattern must be a non-empty string")
     try:
-        return re.compile(text, re.IGNORECASE if ignore_case else 0)
+        with warnings.catch_warnings():  # Python's hints about RE2-valid syntax ([[:alpha:]]) are noise here
+            warnings.simplefilter("ignore", FutureWarning)
+            compiled = re.compile(text, re.IGNORECASE if ignore_case else 0)
     except re.error as exc:
         raise _fail(where, f"bad regular expression: {exc}") from None
+    if not user:
+        return compiled
+    try:
+        return re2.compile(text, _re2_options(ignore_case=ignore_case))
+    except re2.error as exc:
+        raise _fail(where, f"pattern {text[:80]!r} is not supported ({_re2_reason(exc)}): user rules use RE2 "
+                           "syntax, without backreferences or lookaround") from None
 
 
 def _category(where: str, value: Any) -> str:
@@ -127,17 +186,21 @@ def _tier(where: str, value: Any, category: str) -> str:
     return str(value)
 
 
-def _check_embeddable(where: str, pattern: str) -> None:
+def _check_embeddable(where: str, pattern: str, *, user: bool = False) -> None:
     """A rule without keywords puts its pattern into the scanner's pre-filter; make sure it fits there."""
     stripped = re.sub(r"\(\?P<\w+>", "(?:", pattern)
     try:
-        re.compile(b"(?:" + stripped.encode() + b")|x")
-    except re.error as exc:
-        raise _fail(where, f"pattern cannot be used without keywords ({exc}); add keywords, use "
+        if user:
+            compile_user_bytes(b"(?:" + stripped.encode() + b")|x")
+        else:
+            re.compile(b"(?:" + stripped.encode() + b")|x")
+    except (re.error, re2.error) as exc:
+        reason = _re2_reason(exc) if isinstance(exc, re2.error) else str(exc)
+        raise _fail(where, f"pattern cannot be used without keywords ({reason}); add keywords, use "
                            "ignore_case instead of inline flags, and avoid backreferences") from None
 
 
-def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
+def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
     rid = d.get("id")
     if not isinstance(rid, str) or not rid:
         raise _fail(where, "every [[rule]] needs an id")
@@ -148,9 +211,9 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
     if not isinstance(keywords, list) or not all(isinstance(k, str) and k for k in keywords):
         raise _fail(where, "keywords must be a list of non-empty strings")
     unless = d.get("unless")
-    pattern = _regex(where, d.get("pattern"), ignore_case)
+    pattern = _regex(where, d.get("pattern"), ignore_case, user=user)
     if not keywords:
-        _check_embeddable(where, pattern.pattern)
+        _check_embeddable(where, pattern.pattern, user=user)
     yields_to = d.get("yields_to", [])
     if not isinstance(yields_to, list):
         raise _fail(where, "yields_to must be a list of categories")
@@ -161,14 +224,15 @@ def _parse_rule(where: str, d: dict[str, Any]) -> Rule:
         tier=_tier(where, d.get("tier"), category),
         pattern=pattern,
         keywords=tuple(keywords),
-        unless=_regex(where, unless, ignore_case) if unless is not None else None,
+        unless=_regex(where, unless, ignore_case, user=user) if unless is not None else None,
         ignore_case=ignore_case,
         explain=str(d.get("explain", "")),
         yields_to=tuple(_category(where, c) for c in yields_to),
+        builtin=not user,
     )
 
 
-def _parse_xid(where: str, d: dict[str, Any]) -> XidRule:
+def _parse_xid(where: str, d: dict[str, Any], user: bool) -> XidRule:
     codes = d.get("codes")
     if not isinstance(codes, list) or not codes or not all(isinstance(c, int) for c in codes):
         raise _fail(where, "every [[xid]] needs codes = [integers]")
@@ -176,7 +240,9 @@ def _parse_xid(where: str, d: dict[str, Any]) -> XidRule:
     category = _category(where, d.get("category"))
     quals = []
     for q in d.get("qualifier", []):
-        quals.append((_regex(where, q.get("pattern")), _category(where, q.get("category")),
+        if not isinstance(q, dict):
+            raise _fail(where, "every [[xid.qualifier]] must be a table")
+        quals.append((_regex(where, q.get("pattern"), user=user), _category(where, q.get("category")),
                       str(q.get("explain", ""))))
     return XidRule(
         codes=frozenset(codes),
@@ -186,6 +252,14 @@ def _parse_xid(where: str, d: dict[str, Any]) -> XidRule:
         explain=str(d.get("explain", "")),
         qualifiers=tuple(quals),
     )
+
+
+def _tables(where: str, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """``data[key]`` as a list of tables (``[[key]]``), or an error naming the file."""
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(d, dict) for d in value):
+        raise _fail(where, f"{key} must be written as [[{key}]] tables")
+    return value
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -211,34 +285,36 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
     rules: dict[str, Rule] = {}
     xids: list[XidRule] = []
     verdicts: dict[str, VerdictRule] = {}
-    line_hosts: list[re.Pattern[str]] = []
-    source_hosts: list[re.Pattern[str]] = []
+    line_hosts: list[TextPattern] = []
+    source_hosts: list[TextPattern] = []
     source_kw: list[str] = []
-    xid_pattern: re.Pattern[str] | None = None
+    xid_pattern: TextPattern | None = None
+    xid_builtin = True
     unknown_xid = 0.2
     strong = 0.5
     for path in paths:
         data = _read_toml(path)
         where = str(path)
+        user = path != BUILTIN_RULES
         if data.get("replace"):
             rules, xids, verdicts = {}, [], {}
             line_hosts, source_hosts, source_kw = [], [], []
-        for d in data.get("rule", []):
-            r = _parse_rule(where, d)
+        for d in _tables(where, data, "rule"):
+            r = _parse_rule(where, d, user)
             rules.pop(r.id, None)
             rules[r.id] = r
-        for d in data.get("xid", []):
-            x = _parse_xid(where, d)
+        for d in _tables(where, data, "xid"):
+            x = _parse_xid(where, d, user)
             xids = [old for old in xids if not old.codes <= x.codes]
             xids.insert(0, x)  # newer files win on overlapping codes
-        for d in data.get("verdict", []):
+        for d in _tables(where, data, "verdict"):
             name = d.get("verdict")
             category = _category(where, d.get("category"))
             verdicts[str(name)] = VerdictRule(
                 str(name), category, _confidence(where, d.get("confidence")),
                 _tier(where, d.get("tier"), category), str(d.get("explain", "")))
-        for d in data.get("context", []):
-            pattern = _regex(where, d.get("pattern"))
+        for d in _tables(where, data, "context"):
+            pattern = _regex(where, d.get("pattern"), user=user)
             if "host" not in pattern.groupindex:
                 raise _fail(where, "a [[context]] pattern needs a (?P<host>...) group")
             if d.get("scope", "line") == "source":
@@ -250,8 +326,11 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
             else:
                 line_hosts.append(pattern)
         settings = data.get("settings", {})
+        if not isinstance(settings, dict):
+            raise _fail(where, "settings must be a [settings] table")
         if "xid_pattern" in settings:
-            xid_pattern = _regex(where, settings["xid_pattern"])
+            xid_pattern = _regex(where, settings["xid_pattern"], user=user)
+            xid_builtin = not user
             if "code" not in xid_pattern.groupindex:
                 raise _fail(where, "settings.xid_pattern needs a (?P<code>...) group")
         if "unknown_xid_confidence" in settings:
@@ -271,4 +350,5 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
         source_host_keywords=tuple(source_kw),
         strong_confidence=strong,
         sources=tuple(str(p) for p in paths),
+        xid_pattern_builtin=xid_builtin,
     )

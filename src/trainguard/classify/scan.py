@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from trainguard.classify.rules import RuleSet
+from trainguard.classify.rules import RuleSet, TextMatch, compile_user_bytes
 from trainguard.classify.taxonomy import UNKNOWN
 
 CHUNK_BYTES = 1 << 20
@@ -101,16 +101,19 @@ class Scanner:
         self.max_line_bytes = max_line_bytes
         keywords = {"Xid", *rules.source_host_keywords}
         parts: list[bytes] = []
+        user_parts: list[bytes] = []  # patterns from user files: only RE2 may run them (linear time)
         if "Xid" not in rules.xid_pattern.pattern:  # a user pattern for another XID format
-            parts.append(f"(?:{_strip_groups(rules.xid_pattern.pattern)})".encode())
+            (parts if rules.xid_pattern_builtin else user_parts).append(
+                f"(?:{_strip_groups(rules.xid_pattern.pattern)})".encode())
         for r in rules.rules:
             if r.keywords:
                 keywords.update(r.keywords)
             else:
                 p = _strip_groups(r.pattern.pattern)
-                parts.append((f"(?i:{p})" if r.ignore_case else f"(?:{p})").encode())
+                (parts if r.builtin else user_parts).append((f"(?i:{p})" if r.ignore_case else f"(?:{p})").encode())
         parts.insert(0, _trie_regex(sorted(k.encode() for k in keywords)))
         self.trigger = re.compile(b"|".join(parts))
+        self.user_trigger: Any = compile_user_bytes(b"|".join(user_parts)) if user_parts else None
 
     # -- line level --------------------------------------------------------------------------------
     def match_line(self, text: str, file: str, lineno: int, acc: Accumulator) -> None:
@@ -140,7 +143,7 @@ class Scanner:
             acc.add(Hit(r.id, r.category, r.confidence, r.tier, r.explain, file, lineno, shown,
                         acc.next_order(), gpu=groups.get("gpu"), host=groups.get("host") or host))
 
-    def _xid_hit(self, m: re.Match[str], text: str, shown: str, file: str, lineno: int,
+    def _xid_hit(self, m: TextMatch, text: str, shown: str, file: str, lineno: int,
                  host: str | None, acc: Accumulator) -> None:
         code = int(m.group("code"))
         acc.xids[code] = acc.xids.get(code, 0) + 1
@@ -199,11 +202,32 @@ class Scanner:
             base += 1
         acc.lines += base - (first_line - 1)
 
+    def _searcher(self) -> Any:
+        """``search(block, pos)`` over both pre-filters (built-in `re`, user RE2): the earlier match.
+
+        Each pre-filter's last match is kept until the scan passes it, so neither is searched over the
+        same stretch twice (re-searching the one whose next match lies far ahead would be quadratic)."""
+        if self.user_trigger is None:
+            return self.trigger.search
+        cached: dict[int, Any] = {}
+
+        def search(block: bytes, pos: int) -> Any:
+            best = None
+            for i, trig in enumerate((self.trigger, self.user_trigger)):
+                m = cached.get(i, False)
+                if m is False or (m is not None and m.start() < pos):
+                    m = cached[i] = trig.search(block, pos)
+                if m is not None and (best is None or m.start() < best.start()):
+                    best = m
+            return best
+
+        return search
+
     def _scan_block(self, block: bytes, base: int, file: str, acc: Accumulator, *, count: bool = True) -> int:
         """Scan complete lines (``block`` ends with a newline); returns how many lines it held."""
         pos = 0
         counted_to, counted = 0, 0
-        search = self.trigger.search
+        search = self._searcher()
         while True:
             m = search(block, pos)
             if m is None:

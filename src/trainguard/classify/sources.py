@@ -6,14 +6,16 @@ with a one-line message.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import io
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trainguard.classify.scan import Accumulator, Readable, Scanner
 from trainguard.errors import InputError
@@ -34,16 +36,39 @@ def _human(n: int) -> str:
     return f"{n} bytes"
 
 
-def _sniff(path: Path) -> bytes:
+def open_regular(path: Path) -> BinaryIO:
+    """Open ``path`` for reading, refusing anything but a regular file.
+
+    The open itself must not block: a FIFO opened for reading waits for a writer forever, and the file
+    may have been swapped for one since it was last looked at, so the type is checked on the open
+    descriptor (opened non-blocking), not on the name."""
     try:
-        with path.open("rb") as f:
-            return f.read(SNIFF_BYTES)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except PermissionError:
         raise InputError(f"{path}: cannot read the file (permission denied)") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{path}: is a directory")
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{path}: not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _sniff(path: Path) -> bytes:
+    with open_regular(path) as f:
+        try:
+            return f.read(SNIFF_BYTES)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -71,7 +96,7 @@ def check_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     head = _sniff(path)
     if head.startswith(_GZIP_MAGIC):
         try:
-            with gzip.open(path, "rb") as g:
+            with open_regular(path) as f, gzip.GzipFile(fileobj=f, mode="rb") as g:
                 head = g.read(SNIFF_BYTES)
         except (OSError, EOFError) as exc:
             raise InputError(f"{path}: corrupt gzip file ({exc})") from None
@@ -97,8 +122,10 @@ def _json_lines(path: Path, head: bytes) -> str | None:
     if path.suffix != ".json" or path.stat().st_size > JSON_MAX_BYTES or head.lstrip()[:1] not in (b"{", b"["):
         return None
     try:
-        doc = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError):
+        with open_regular(path) as f:
+            data = f.read(JSON_MAX_BYTES + 1)
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError, OSError):
         return None
     parts: list[str] = []
     _json_text(doc, parts)
@@ -115,13 +142,13 @@ def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = D
         scanner.scan_stream(io.BytesIO(text.encode()), label, acc)
         return
     try:
-        with path.open("rb") as f:
-            gz = f.read(2) == _GZIP_MAGIC
-        if gz:
-            with gzip.open(path, "rb") as g:
-                scanner.scan_stream(g, label, acc)
-        else:
-            with path.open("rb") as f:
+        with open_regular(path) as f:
+            if f.read(2) == _GZIP_MAGIC:
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                    scanner.scan_stream(g, label, acc)
+            else:
+                f.seek(0)
                 scanner.scan_stream(f, label, acc)
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: read failed ({exc})") from None
@@ -161,8 +188,16 @@ def iter_dir(root: Path) -> Iterator[Path]:
 
 
 def scan_dir(scanner: Scanner, root: Path, acc: Accumulator, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-    """Scan every text file under ``root``; files that cannot be read are listed in ``acc.skipped``."""
+    """Scan every text file under ``root``; files that cannot be read are listed in ``acc.skipped``,
+    and so are links to files outside ``root`` (a link the user did not name is not followed out)."""
+    top = root.resolve()
     for path in iter_dir(root):
+        if path.is_symlink():
+            try:
+                path.resolve(strict=True).relative_to(top)
+            except (OSError, RuntimeError, ValueError):
+                acc.skipped.append(f"{path}: symbolic link to outside the directory, not followed")
+                continue
         try:
             scan_file(scanner, path, acc, max_bytes)
         except InputError as exc:

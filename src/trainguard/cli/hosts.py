@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from trainguard.errors import InputError, UsageError
+from trainguard.errors import InputError, StorageError, UsageError
 
 HELP = "rank hosts by how often they broke jobs (lemon-node score) from the fleet database"
 
@@ -37,8 +37,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= half_life < 1e6:
         raise UsageError("--half-life-days must be >= 0")
     policy = LemonPolicy(threshold=threshold, half_life_days=half_life)
-    with FleetDB(path) as db:
-        scores = rank_hosts(db, policy=policy)
+    try:
+        with FleetDB(path) as db:
+            scores = rank_hosts(db, policy=policy)
+    except StorageError as exc:  # this verb only reads: a database it cannot open is bad input
+        raise InputError(str(exc)) from None
     if args.flagged:
         scores = [s for s in scores if s.flagged]
     if args.json:

@@ -1,0 +1,60 @@
+"""Names that become parts of paths (run ids, node ids, event writers, ranks), checked in one place,
+and fresh run ids that do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+
+from trainguard.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}"
+"""What a name may look like: 1-128 characters, a letter or digit first, then letters, digits, ``_.@-``."""
+MAX_RANK = 10_000_000
+"""Ranks are below this (far above any real world size; keeps file names short)."""
+
+_NAME = re.compile(NAME_PATTERN)
+_RANK = re.compile(r"[0-9]{1,8}")
+_SHOWN = 60  # characters of a bad value quoted in the message: enough to recognise it, short enough for one line
+
+
+def _shown(value: object) -> str:
+    text = value if isinstance(value, str) else str(value)
+    # repr() escapes newlines and control characters, so the message stays on one line
+    return repr(text[:_SHOWN]) + ("..." if len(text) > _SHOWN else "")
+
+
+def check_name(kind: str, value: object) -> str:
+    """``value`` if it is safe as one path component (no separator, no ``..``, no leading dot or dash);
+    else `UsageError` naming ``kind`` (e.g. ``"node id"``) and the value."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
+        raise UsageError(
+            f"bad {kind} {_shown(value)}: use 1-128 letters, digits, '_', '.', '@' or '-', "
+            "starting with a letter or digit, without '..'")
+    return value
+
+
+def check_rank(value: object) -> int:
+    """``value`` (an int or a decimal string) as a rank in ``0 <= rank < MAX_RANK``; else `UsageError`."""
+    rank: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        rank = value
+    elif isinstance(value, str) and _RANK.fullmatch(value):
+        rank = int(value)
+    if rank is None or not 0 <= rank < MAX_RANK:
+        raise UsageError(f"bad rank {_shown(value)}: must be an integer with 0 <= rank < {MAX_RANK}")
+    return rank
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A fresh run id: ``run-YYYYmmdd-HHMMSS-xxxxxx`` (local time, then 6 random hex digits).
+
+    Two runs started in the same second get different ids (24 random bits: a collision needs about
+    4,000 runs in one second); ids still sort by start time to the second."""
+    stamp = time.strftime("run-%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{secrets.token_hex(3)}"
