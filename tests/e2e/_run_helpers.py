@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def free_port() -> int:
 
 def events(run_dir: Path, prefix: str = "") -> list[dict[str, Any]]:
     """All records of the event files whose name starts with ``prefix``."""
-    out = []
+    out: list[dict[str, Any]] = []
     for path in sorted((run_dir / "events").glob(f"{prefix}*.jsonl")):
         out.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
     return out
@@ -43,3 +44,105 @@ def events(run_dir: Path, prefix: str = "") -> list[dict[str, Any]]:
 
 def of_type(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [r for r in records if r["type"] == kind]
+
+
+_SUPERVISE = """
+import json, sys
+from pathlib import Path
+from trainguard.launch import SupervisorConfig, WatchdogConfig
+from trainguard.launch.supervisor import free_port, supervise
+a = json.loads(sys.argv[1])
+cfg = SupervisorConfig(
+    command=tuple(a["command"]), run_dir=Path(a["run_dir"]), run_id="e2e", node_id="node0",
+    nproc_per_node=a["nproc"], rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=a["max_restarts"],
+    watchdog=WatchdogConfig(**a["watchdog"]), health_checks=False, auto_instrument=a["auto"],
+    stop_grace_seconds=a["grace"],
+)
+r = supervise(cfg)
+print(json.dumps({"status": r.status, "exit_code": r.exit_code, "reason": r.reason, "attempts": r.attempts}))
+sys.exit(r.exit_code)
+"""
+
+
+def start_supervisor(run_dir: Path, command: list[str], *, nproc: int, log: Path, max_restarts: int = 0,
+                     watchdog: dict[str, float] | None = None, auto: bool = False,
+                     grace: float = 3.0) -> subprocess.Popen[bytes]:
+    """The node agent through its Python API (no CLI options involved), in a fresh interpreter."""
+    args = {"command": command, "run_dir": str(run_dir), "nproc": nproc, "max_restarts": max_restarts,
+            "watchdog": watchdog or {}, "auto": auto, "grace": grace}
+    fh = log.open("wb")
+    return subprocess.Popen([sys.executable, "-c", _SUPERVISE, json.dumps(args)], stdout=fh,
+                            stderr=subprocess.STDOUT)
+
+
+def process_gone(pid: int) -> bool:
+    """Exited (or a zombie waiting to be reaped: it runs no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            data = fh.read()
+    except OSError:
+        return True
+    return data[data.rfind(")") + 1:].split()[0] in ("Z", "X")
+
+
+# A stand-in training script with no trainguard worker side: it writes protocol heartbeats itself.
+FAKE_WORKER = '''
+import os, signal, sys, time
+from pathlib import Path
+from trainguard.protocol import Heartbeat, RunLayout, WorkerEnv
+
+env = WorkerEnv.from_environ()
+rank = int(os.environ["RANK"])
+out, mode = Path(sys.argv[1]), sys.argv[2]
+role = dict(r.split("=") for r in sys.argv[3].split(",")).get(str(rank), "normal") if env.attempt == 0 else "done"
+(out / f"pid-{env.attempt}-{rank}").write_text(str(os.getpid()))
+if role == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+hb_path = RunLayout(env.run_dir).heartbeat_file(env.node, env.attempt, rank)
+hb_path.parent.mkdir(parents=True, exist_ok=True)
+hb = os.open(hb_path, os.O_WRONLY | os.O_CREAT, 0o644)
+start = last = time.monotonic()
+
+
+def beat(step, phase, dur=0.0):
+    now = time.monotonic()
+    os.pwrite(hb, Heartbeat(step=step, steps_done=step, progress_mono=last, duration_seconds=dur, phase=phase,
+                            phase_start_mono=now, source="script").encode(), 0)
+
+
+if role == "done":
+    sys.exit(0)
+beat(0, "init")
+if mode == "crash":  # rank 0 exits with an error once every other rank is up
+    if rank == 0:
+        while len(list(out.glob("pid-0-*"))) < int(os.environ["WORLD_SIZE"]):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        sys.exit(3)
+else:  # "hang": every rank steps to 6, then waits for ever (as in a collective nobody completes)
+    for step in range(1, 7):
+        time.sleep(0.2)
+        end = time.monotonic()
+        dur, last = end - last, end
+        beat(step, "idle", dur)
+if role == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+while True:
+    time.sleep(1)
+'''
+
+
+def wait_for_event(run_dir: Path, kind: str, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """The first record of ``kind`` the agent writes, polled every 20 ms."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = of_type(events(run_dir, "agent-"), kind)
+        except ValueError:  # a line being written
+            found = []
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} record")

@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 import pickle
 import statistics
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, of_type, trainguard
+from tests.e2e._run_helpers import (
+    FAKE_WORKER,
+    TINY,
+    TRAIN_GPT,
+    events,
+    of_type,
+    process_gone,
+    start_supervisor,
+    trainguard,
+    wait_for_event,
+)
 
 
 @pytest.mark.slow
@@ -80,7 +91,9 @@ def test_restart_budget_spent_stops_with_a_reason(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_no_new_checkpoint_across_failed_attempts_stops_the_job(tmp_path: Path) -> None:
+def test_attempts_that_train_no_further_stop_the_job(tmp_path: Path) -> None:
+    # Attempt 0 completes step 1 (progress: beyond nothing); attempts 1 and 2 die at the same place and save
+    # no checkpoint: two failed attempts in a row without progress end the run.
     run_dir = tmp_path / "run"
     res = trainguard(
         "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--max-restarts", "9",
@@ -90,5 +103,33 @@ def test_no_new_checkpoint_across_failed_attempts_stops_the_job(tmp_path: Path) 
     )
     assert res.returncode == 1, res.stderr[-2000:]
     out = json.loads(res.stdout)
-    assert out["status"] == "failed" and out["reason"].startswith("no progress")
-    assert out["attempts"] == 2 and [f["ranks"] for f in out["failures"]] == [[0], [1]]
+    assert out["status"] == "failed" and out["reason"].startswith("no progress"), out["reason"]
+    assert "no step beyond 1" in out["reason"]
+    assert out["attempts"] == 3 and [f["ranks"] for f in out["failures"]] == [[0], [1], [0]]
+
+
+@pytest.mark.slow
+def test_workers_ignoring_sigterm_or_stopped_are_gone_within_5s_of_a_crash_decision(tmp_path: Path) -> None:
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    # Rank 0 exits with code 3 once all are up; rank 1 ignores SIGTERM; rank 2 is SIGSTOPped. torch's own
+    # close would wait 30 s before its SIGKILL (and a SIGTERM stays pending on a stopped process).
+    proc = start_supervisor(run_dir, [str(script), str(out), "crash", "1=ignore-term,2=stop"], nproc=3,
+                            log=tmp_path / "agent.log", max_restarts=0)
+    try:
+        failure = wait_for_event(run_dir, "failure_detected", proc, timeout=90)
+        pids = [int((out / f"pid-0-{r}").read_text()) for r in (1, 2)]
+        deadline = time.monotonic() + 10
+        while not all(process_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        gone = time.time()
+        assert all(process_gone(p) for p in pids)
+        assert gone - failure["time"] <= 5.0, gone - failure["time"]
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, (tmp_path / "agent.log").read_text()[-3000:]
+    assert failure["kind"] == "exit" and failure["ranks"] == [0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from trainguard.launch.evidence import crash_culprits
+from trainguard.launch.blame import crash_culprits
 
 
 def test_killed_rank_is_blamed_not_the_rank_that_aborted_after_it() -> None:

@@ -1,16 +1,18 @@
 """The node agent: torch.distributed.elastic's LocalElasticAgent plus trainguard's watch, evidence and policy.
 
-The elastic agent keeps doing what it does well (c10d rendezvous across nodes, starting, stopping and
-restarting the local workers, the restart budget). trainguard hooks into four of its steps:
+A thin adapter: the elastic agent keeps doing what it does well (c10d rendezvous across nodes, starting and
+restarting the local workers, the restart budget); the decisions live in pure modules (`watchdog`: is the
+job hung, `blame`: who caused it, `policy`: restart or stop, `stop`: how workers end). Hooks:
 
-* ``_rendezvous``: before every (re)start, applies node-level chaos, runs health checks and leaves
-  the job (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon;
-* ``_start_workers``: passes the attempt, heartbeat folder, chaos schedule and process-group timeout
-  to the workers and records ``AttemptStarted``;
-* ``_monitor_workers``: sees crashes (a process exited) and hangs (heartbeats stopped past the learned
-  timeout), and on either gathers evidence from every live rank *before* returning the failure, since
-  the base agent SIGTERMs the workers as soon as it sees one;
-* ``_restart_workers``: closes the attempt's records and applies the no-progress rule.
+* ``_rendezvous``: before every (re)start, applies node-level chaos, runs health checks and leaves the job
+  (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon;
+* ``_start_workers``: the worker environment (`trainguard.protocol.WorkerEnv`) and ``AttemptStarted``;
+* ``_monitor_workers``: sees crashes (a process exited) and hangs (`Watchdog` over the heartbeats), and on
+  either gathers evidence from every live rank *before* returning the failure, since the base agent
+  SIGTERMs the workers as soon as it sees one;
+* ``_restart_workers``: closes the attempt's records when a peer node forced the restart;
+* ``_shutdown`` (behind ``_stop_workers`` on restarts and at the end): SIGCONT, SIGTERM, our short grace,
+  SIGKILL (`trainguard.launch.stop`) instead of torch's 30 s wait.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,14 +44,19 @@ from trainguard.events import (
     NodeExcluded,
     RunStarted,
 )
-from trainguard.launch import evidence
+from trainguard.launch import blame, evidence
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.logs import RunDirLogs
-from trainguard.launch.watchdog import Watchdog
-from trainguard.worker import parse_heartbeat
-from trainguard.worker.library import HEARTBEAT_BYTES
+from trainguard.launch.policy import AttemptOutcome, NoProgressRule
+from trainguard.launch.stop import stop_processes
+from trainguard.launch.watchdog import Verdict, Watchdog
+from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
 
 log = logging.getLogger(__name__)
+
+DUMP_WAIT_SECONDS = 3.0
+"""How long the node recording a hang waits for other nodes' dumps in a shared diagnostics folder."""
+_HANG_VERDICTS = ("hang", "p2p-hang")
 
 
 class NodeExcludedExit(RendezvousGracefulExitError):
@@ -63,16 +71,28 @@ def latest_checkpoint(directory: Path) -> int | None:
     return int(step) if step is not None else None
 
 
+def _auto_instrument_path() -> str | None:
+    """The folder that loads trainguard's worker side into every worker (``sitecustomize``), if available."""
+    try:
+        from trainguard.worker.bootstrap import site_dir  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return str(site_dir())
+
+
 class GuardAgent(LocalElasticAgent):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
     def __init__(self, spec: Any, cfg: SupervisorConfig) -> None:
         self.cfg = cfg
+        self.layout = cfg.layout
         self.attempt = -1
         super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
-                         shutdown_timeout=5)
-        self.events = EventWriter(cfg.run_dir / "events" / f"agent-{cfg.node_id}.jsonl")
+                         shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
+                         log_line_prefix_template=getattr(cfg, "log_line_prefix", None))
+        self.events = EventWriter(self.layout.agent_events(cfg.node_id))
         self.watchdog = Watchdog(cfg.watchdog)
+        self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
         self.faults = chaos.parse_spec(cfg.chaos)
         self.start_time = time.time()
         self.leader = False
@@ -80,11 +100,11 @@ class GuardAgent(LocalElasticAgent):
         self.stop_reason: str | None = None
         self.excluded_reason: str | None = None
         self.failures: list[FailureDetected] = []
-        self._best_ckpt: int | None = None
-        self._no_progress = 0
         self._attempt_closed = True
-        self._last_alive = time.time()
-        self._early: tuple[dict[int, int], evidence.Evidence, float] | None = None
+        self._last_alive_mono = time.monotonic()
+        self._early: tuple[dict[int, int], evidence.Evidence, float, float] | None = None
+        self._base_pythonpath = os.environ.get("PYTHONPATH", "")
+        self._warned_no_bootstrap = False
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
             # import now what the first failure needs, not inside the restart's critical path
             importlib.import_module(name)
@@ -95,28 +115,19 @@ class GuardAgent(LocalElasticAgent):
         self.events.write(record)
 
     def hb_dir(self) -> Path:
-        return self.cfg.run_dir / "heartbeats" / self.cfg.node_id / f"attempt-{self.attempt}"
+        """This node's heartbeat folder of the current attempt."""
+        return self.layout.heartbeat_dir(self.cfg.node_id, self.attempt)
 
-    def _read_beats(self, wg: WorkerGroup) -> dict[int, dict[str, Any] | None]:
-        beats: dict[int, dict[str, Any] | None] = {}
-        for w in wg.workers:
-            try:
-                with open(self.hb_dir() / f"rank-{w.global_rank}", "rb") as fh:
-                    beats[w.global_rank] = parse_heartbeat(fh.read(HEARTBEAT_BYTES))
-            except OSError:
-                beats[w.global_rank] = None
-        return beats
+    def diag_dir(self) -> Path:
+        return self.layout.diagnostics_dir(self.attempt)
 
-    def _rank_hosts(self) -> dict[int, str]:
-        """Which node ran each rank in this attempt, from the heartbeat folders (shared run dir)."""
-        out: dict[int, str] = {}
-        for path in (self.cfg.run_dir / "heartbeats").glob(f"*/attempt-{self.attempt}/rank-*"):
-            with contextlib.suppress(ValueError):
-                out[int(path.name[len("rank-"):])] = path.parent.parent.name
-        return out
+    def _read_beats(self, wg: WorkerGroup) -> dict[int, Heartbeat | None]:
+        return {w.global_rank: read_heartbeat(self.layout.heartbeat_file(self.cfg.node_id, self.attempt,
+                                                                         w.global_rank))
+                for w in wg.workers}
 
     def _hosts_of(self, ranks: list[int]) -> tuple[str, ...]:
-        where = self._rank_hosts()
+        where = self.layout.rank_nodes(self.attempt)
         return tuple(sorted({where.get(r, self.cfg.node_id) for r in ranks}))
 
     def _claim_failure(self) -> bool:
@@ -139,7 +150,7 @@ class GuardAgent(LocalElasticAgent):
                 continue
             if (f.attempt if f.attempt is not None else 0) != self.attempt:
                 continue
-            marker = self.cfg.run_dir / "chaos" / f"unhealthy-{self.cfg.node_id}"
+            marker = self.layout.chaos_dir / f"unhealthy-{self.cfg.node_id}"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(f"{f.to_spec()}\n")
             self.emit(FaultInjected(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
@@ -210,14 +221,18 @@ class GuardAgent(LocalElasticAgent):
         if self.leader and not self.run_started_written:
             self.run_started_written = True
             ws = worker_group.workers[0].world_size if worker_group.workers else 0
+            config = self.cfg.to_json()
+            # Readers of the run (reports, the lead's console) must know whether hangs can be detected at all:
+            # without automatic instrumentation only scripts calling trainguard.attach() send progress.
+            config["progress_signals_expected"] = self.cfg.auto_instrument
             self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
                                  world_size=ws, nnodes=worker_group.group_world_size or 1,
-                                 target_steps=self.cfg.target_steps, config=self.cfg.to_json()))
+                                 target_steps=self.cfg.target_steps, config=config))
 
     def _attempts_ended(self) -> int:
         """1 + the highest attempt any agent of this run dir closed (0 when none did)."""
         top = -1
-        for path in (self.cfg.run_dir / "events").glob("agent-*.jsonl"):
+        for path in self.layout.events_dir.glob("agent-*.jsonl"):
             with contextlib.suppress(OSError):
                 for line in path.read_text().splitlines():
                     if '"attempt_ended"' in line:
@@ -225,25 +240,38 @@ class GuardAgent(LocalElasticAgent):
                             top = max(top, int(json.loads(line)["attempt"]))
         return top + 1
 
+    def _worker_environ(self) -> dict[str, str]:
+        env = WorkerEnv(
+            run_dir=self.cfg.run_dir, attempt=self.attempt, node=self.cfg.node_id,
+            heartbeat_dir=self.hb_dir(), evidence_dir=self.diag_dir(), agent_pid=os.getpid(),
+            chaos=self.cfg.chaos, pg_timeout_seconds=self.cfg.pg_timeout_seconds(), auto=self.cfg.auto_instrument,
+        ).to_environ()
+        paths = [self._base_pythonpath] if self._base_pythonpath else []
+        if self.cfg.auto_instrument:
+            site = _auto_instrument_path()
+            if site is not None:
+                paths.insert(0, site)
+            elif not self._warned_no_bootstrap:
+                self._warned_no_bootstrap = True
+                log.warning("automatic instrumentation is not available (no trainguard.worker.bootstrap): "
+                            "only scripts that call trainguard.attach() send progress signals")
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        return env
+
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        env = {
-            "TRAINGUARD_AGENT": "1",
-            "TRAINGUARD_RUN_DIR": str(self.cfg.run_dir),
-            "TRAINGUARD_ATTEMPT": str(self.attempt),
-            "TRAINGUARD_HEARTBEAT_DIR": str(self.hb_dir()),
-            "TRAINGUARD_CHAOS": self.cfg.chaos,
-            "TRAINGUARD_NODE": self.cfg.node_id,
-            "TRAINGUARD_PG_TIMEOUT_SECONDS": str(self.cfg.pg_timeout_seconds()),
-        }
-        os.environ.update(env)
+        # The base agent starts workers with a copy of this process's environment plus its own variables.
+        os.environ.update(self._worker_environ())
+        if not os.environ["PYTHONPATH"]:
+            del os.environ["PYTHONPATH"]
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        now = time.time()
-        self.watchdog.new_attempt(now)
-        self._last_alive = now
+        self.diag_dir().mkdir(parents=True, exist_ok=True)
+        mono = time.monotonic()
+        self.watchdog.new_attempt(mono)
+        self._last_alive_mono = mono
         resume = latest_checkpoint(self.cfg.checkpoint_dir)
         ws = worker_group.workers[0].world_size if worker_group.workers else 0
-        self.emit(AttemptStarted(time=now, host=self.cfg.node_id, attempt=self.attempt, world_size=ws,
+        self.emit(AttemptStarted(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, world_size=ws,
                                  hosts=(self.cfg.node_id,), resume_step=resume))
         self._attempt_closed = False
         self._early = None
@@ -268,24 +296,24 @@ class GuardAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         early = self._exited_early(worker_group)
         if early and self._early is None:
-            now = time.time()
-            ev = evidence.gather(self.cfg.run_dir, self.cfg.run_dir / "diagnostics" / f"attempt-{self.attempt}",
-                                 self._live(worker_group, set(early)), self._logs(worker_group))
-            self._early = (early, ev, now)
+            wall, mono = time.time(), time.monotonic()
+            ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(worker_group, set(early)),
+                                 self._logs(worker_group))
+            self._early = (early, ev, wall, mono)
+            # The base poll below would close the survivors with torch's 30 s SIGTERM wait (and never resume
+            # a stopped one): end them our way first, now that their evidence is in. A worker failing between
+            # our poll and the base's (microseconds) still gets torch's close.
+            self._stop_local_workers(signal.SIGTERM)
         result = super()._monitor_workers(worker_group)
-        now = time.time()
         if result.state == WorkerState.HEALTHY:
-            beats = self._read_beats(worker_group)
-            for rank, beat in beats.items():
-                if beat is not None:
-                    self.watchdog.observe(rank, beat)
-            verdict = self.watchdog.check(beats, now)
+            mono = time.monotonic()
+            verdict = self.watchdog.check(self._read_beats(worker_group), mono)
             if verdict is None:
-                self._last_alive = now
+                self._last_alive_mono = mono
                 return result
-            return self._on_hang(worker_group, verdict, now)
+            return self._on_hang(worker_group, verdict, time.time(), mono)
         if result.state == WorkerState.FAILED:
-            return self._on_exit(worker_group, result, now)
+            return self._on_exit(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self._close_attempt("completed", 0)
         return result
@@ -303,95 +331,109 @@ class GuardAgent(LocalElasticAgent):
         return live
 
     def _logs(self, wg: WorkerGroup) -> dict[int, list[Path]]:
-        d = self.cfg.run_dir / "logs" / f"attempt-{self.attempt}"
-        return {w.global_rank: [d / f"rank-{w.global_rank}.log", d / f"rank-{w.global_rank}.stdout.log"]
+        return {w.global_rank: [self.layout.rank_log(self.attempt, w.global_rank),
+                                self.layout.rank_stdout(self.attempt, w.global_rank)]
                 for w in wg.workers}
 
-    def _on_exit(self, wg: WorkerGroup, result: RunResult, now: float) -> RunResult:
+    def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
         if self._early is not None:
-            codes, ev, now = self._early
+            codes, ev, wall, mono = self._early
             self._early = None
         else:
+            wall, mono = time.time(), time.monotonic()
             codes = {r: f.exitcode for r, f in result.failures.items()}
-            ev = evidence.gather(self.cfg.run_dir, self.cfg.run_dir / "diagnostics" / f"attempt-{self.attempt}",
-                                 self._live(wg, set(codes)), self._logs(wg))
+            ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set(codes)), self._logs(wg))
         failed = sorted(codes)
-        culprits, kind = evidence.crash_culprits(codes)
-        signalled = kind == "crash"
+        culprits, kind = blame.crash_culprits(codes)
         beats = self._read_beats(wg)
-        steps = [b["step"] for b in beats.values() if b is not None]
+        steps = [b.step for b in beats.values() if b is not None]
         detail = ", ".join(f"rank {r} exit code {codes[r]}" for r in failed)
-        if not signalled and wg.group_world_size and wg.group_world_size > 1:
+        if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         if self._claim_failure():
-            self._record_failure(kind, culprits, now - self._last_alive, now, min(steps) if steps else None,
+            self._record_failure(kind, culprits, mono - self._last_alive_mono, wall, min(steps) if steps else None,
                                  ev, detail, verdict="crash", explanation=detail)
         self._close_attempt("failure", codes[failed[0]] if failed else None)
-        self._apply_policy()
+        self._apply_policy(beats, ev)
         return result
 
-    def _on_hang(self, wg: WorkerGroup, verdict: Any, now: float) -> RunResult:
-        diag = self.cfg.run_dir / "diagnostics" / f"attempt-{self.attempt}"
-        live = self._live(wg, set())
-        ev = evidence.gather(self.cfg.run_dir, diag, live, self._logs(wg))
-        world = wg.workers[0].world_size if wg.workers else 0
-        deadline = time.time() + 3.0  # other nodes dump into the same folder when it is shared
-        while len(list(diag.glob("fr_trace_rank_*.pkl"))) < world and time.time() < deadline:
-            if len(wg.workers) == world:
-                break
+    def _wait_for_peer_dumps(self, wg: WorkerGroup, world: int) -> None:
+        if len(wg.workers) >= world:
+            return  # every rank is local: nothing else will arrive
+        deadline = time.monotonic() + DUMP_WAIT_SECONDS
+        while len(list(self.diag_dir().glob("fr_trace_rank_*.pkl"))) < world and time.monotonic() < deadline:
             time.sleep(0.2)
+
+    def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
+        ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set()), self._logs(wg))
+        world = wg.workers[0].world_size if wg.workers else 0
+        self._wait_for_peer_dumps(wg, world)
+        dumps = evidence.read_dumps(self.diag_dir())
         steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
-        loc = evidence.localize(diag, self._rank_hosts())
-        culprits, explanation = evidence.simple_culprits(diag, steps, world)
+        for r, s in verdict.last_steps.items():
+            steps.setdefault(r, s)
+        found = blame.hang_culprits(blame.HangFacts(
+            world_size=world, enqueued=dumps.enqueued, unreadable=dumps.unreadable, stopped=tuple(ev.stopped),
+            unanswered=tuple(ev.unanswered), stale=verdict.stale_ranks, steps=steps))
+        culprits, explanation = list(found.culprits), found.explanation
         verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
-        if loc is not None and (not culprits or sorted(loc["culprit_ranks"]) == culprits):
+        loc = evidence.localize(self.diag_dir(), self.layout.rank_nodes(self.attempt)) if dumps.enqueued else None
+        if loc is not None and found.rule in ("enqueued", "no-dump", "steps", "none") and (
+                not culprits or sorted(loc["culprit_ranks"]) == culprits):
             verdict_name, diag_culprits = loc["verdict"], loc["culprit_ranks"]
             diag_explanation = loc["explanation"]
             culprits = culprits or diag_culprits
         elif loc is not None:
-            # The supervisor saw a rank stop short of the collective the others wait in; a different
-            # localization finding is kept as context, not as the verdict.
+            # The supervisor's own evidence (a stopped or frozen rank, or one short of the collective the
+            # others wait in) decides; a different localization finding is kept as context.
             diag_explanation = f"{explanation}; localization said {loc['verdict']}: {loc['explanation']}"
-        detail = (f"no step completed for {now - verdict.onset:.1f}s (timeout {verdict.timeout_seconds:.1f}s); "
-                  f"{explanation}")
+        latency = mono - verdict.onset_mono
+        detail = f"{verdict.reason}; {explanation}"
         if self._claim_failure():
             last = min(verdict.last_steps.values()) if verdict.last_steps else None
-            self._record_failure("hang", culprits, now - verdict.onset, now, last, ev, detail,
-                                 verdict=verdict_name, explanation=diag_explanation,
-                                 diagnosis_ranks=diag_culprits)
+            self._record_failure("hang", culprits, latency, wall, last, ev, detail, verdict=verdict_name,
+                                 explanation=diag_explanation, diagnosis_ranks=diag_culprits, backend=dumps.backend)
         self._close_attempt("failure", None)
-        self._apply_policy()
+        self._apply_policy(self._read_beats(wg), ev)
         return RunResult(state=WorkerState.FAILED)
 
-    def _record_failure(self, kind: str, ranks: list[int], latency: float, now: float, step: int | None,
-                        ev: evidence.Evidence, detail: str, *, verdict: str, explanation: str,
-                        diagnosis_ranks: list[int] | None = None) -> None:
-        record = FailureDetected(time=now, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
-                                 ranks=tuple(ranks), hosts=self._hosts_of(ranks),
-                                 detection_latency_seconds=max(0.0, latency), step=step,
-                                 evidence=tuple(ev.files), detail=detail)
-        self.failures.append(record)
-        self.emit(record)
-        category, group, confidence = "Unknown", "Unknown", 0.5
-        lines: tuple[str, ...] = ()
+    def _classify(self, ev: evidence.Evidence, ranks: list[int], verdict: str,
+                  backend: str | None) -> tuple[str, str, float, tuple[str, ...], str]:
+        """(category, group, confidence, evidence lines, note) from the culprits' log tails."""
+        note = ""
+        given: str | None = verdict
+        if verdict in _HANG_VERDICTS and backend != "nccl":
+            # classify maps a hang verdict to "NCCL Watchdog Timeouts"; without NCCL evidence (a gloo job,
+            # or no dump at all) that would be a guess presented as a finding, so only the logs decide.
+            given = None
+            note = f" (hang on {backend or 'an unknown backend'}: no NCCL evidence, category from logs only)"
         try:
             from trainguard.classify import classify_text
 
             text = "".join((ev.directory / f"log_tail_rank_{r}.txt").read_text() for r in ranks
                            if (ev.directory / f"log_tail_rank_{r}.txt").exists())
-            c = classify_text(text, f"attempt-{self.attempt}", verdict=verdict)
-            category, group, confidence = c.category, c.group, float(c.confidence)
+            c = classify_text(text, f"attempt-{self.attempt}", verdict=given)
             # The evidence lines themselves (not only file paths): the fleet database reads XID codes from them.
-            lines = c.evidence_strings()
+            return c.category, c.group, float(c.confidence), c.evidence_strings(), note
         except Exception as exc:  # classification must never stand in the way of recovery
             log.warning("classification of attempt %d failed: %s", self.attempt, exc)
+            return "Unknown", "Unknown", 0.0, (), note
+
+    def _record_failure(self, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
+                        ev: evidence.Evidence, detail: str, *, verdict: str, explanation: str,
+                        diagnosis_ranks: list[int] | None = None, backend: str | None = None) -> None:
+        record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
+                                 ranks=tuple(ranks), hosts=self._hosts_of(ranks),
+                                 detection_latency_seconds=max(0.0, latency), step=step,
+                                 evidence=tuple(ev.files), detail=detail)
+        self.failures.append(record)
+        self.emit(record)
+        category, group, confidence, lines, note = self._classify(ev, ranks, verdict, backend)
+        blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
         self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, category=category,
-                            group=group, verdict=verdict,
-                            culprit_ranks=tuple(ranks if diagnosis_ranks is None else diagnosis_ranks),
-                            culprit_hosts=self._hosts_of(list(ranks if diagnosis_ranks is None
-                                                             else diagnosis_ranks)),
-                            confidence=confidence,
-                            explanation=explanation, evidence=(*ev.files, *lines)))
+                            group=group, verdict=verdict, culprit_ranks=tuple(blamed),
+                            culprit_hosts=self._hosts_of(blamed), confidence=confidence,
+                            explanation=explanation + note, evidence=(*ev.files, *lines)))
 
     def _close_attempt(self, reason: str, exit_code: int | None) -> None:
         if not self._attempt_closed:
@@ -399,20 +441,33 @@ class GuardAgent(LocalElasticAgent):
             self.emit(AttemptEnded(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
                                    reason=reason, exit_code=exit_code))
 
-    def _apply_policy(self) -> None:
-        """Stop when no new checkpoint appeared across several failed attempts, or the budget is spent."""
-        latest = latest_checkpoint(self.cfg.checkpoint_dir)
-        if latest is not None and (self._best_ckpt is None or latest > self._best_ckpt):
-            self._best_ckpt, self._no_progress = latest, 0
-        else:
-            self._no_progress += 1
-        if self._no_progress >= self.cfg.max_no_progress_attempts:
-            self.stop_reason = (f"no progress: no new checkpoint across {self._no_progress} failed attempts "
-                                f"(latest: {self._best_ckpt})")
+    def _apply_policy(self, beats: dict[int, Heartbeat | None], ev: evidence.Evidence) -> None:
+        """Stop when several failed attempts in a row made no progress, or the budget is spent."""
+        steps = [b.step for b in beats.values() if b is not None]
+        steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
+        outcome = AttemptOutcome(best_step=max(steps) if steps else None,
+                                 latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir))
+        decision = self.policy.on_failure(outcome, int(getattr(self, "_remaining_restarts", 0)))
+        if decision.stop:
+            self.stop_reason = decision.reason
             self._remaining_restarts = 0
-        elif self._remaining_restarts <= 0:
-            self.stop_reason = f"restart budget spent ({self.cfg.max_restarts} restarts)"
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._close_attempt("failure", None)  # a peer node failed: this attempt ends here too
         super()._restart_workers(worker_group)
+
+    # --- stopping -------------------------------------------------------------------------------
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        """Every stop (restart, hang, end of run, a signal to the agent) gets our grace, not torch's 30 s."""
+        self._stop_local_workers(death_sig)
+        # The base class closes log files and stops its watchdog and health-check server; the processes
+        # are gone by now, so its own signal-and-wait finds nothing left to wait for.
+        super()._shutdown(death_sig, timeout=1)
+
+    def _stop_local_workers(self, death_sig: signal.Signals) -> None:
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        procs = [h.proc for h in handlers.values() if h.proc.poll() is None]
+        if procs:
+            took = stop_processes(procs, self.cfg.stop_grace_seconds, death_sig)
+            log.info("%d worker(s) of attempt %d stopped in %.2fs", len(procs), self.attempt, took)

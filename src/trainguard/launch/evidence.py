@@ -1,27 +1,29 @@
-"""Evidence gathering before anything is killed, and the culprit of a hang.
+"""Evidence gathering before anything is killed, and reading it back for blame and localization.
 
-Every live local rank is asked (in parallel, over its control socket) to write its flight-recorder
-dump and all threads' stacks into ``diagnostics/attempt-<k>/``; the agent adds each rank's log tail.
-The culprit comes from `trainguard.localize.diagnose_path` when that package is present, else from a
-simple rule: the rank(s) whose flight recorder enqueued fewer collectives than the others (they never
-reached the collective the rest are blocked in), else the rank(s) with the fewest completed steps.
+Every live local rank is asked (in parallel, over its control socket) to write its flight-recorder dump and
+all threads' stacks into the attempt's diagnostics folder (the worker knows the folder from its start-up
+environment); the agent adds each rank's log tail. A stopped process is not asked (it cannot answer) but
+noted, since a stopped rank is itself a culprit signal. Dumps are read back through
+`trainguard.localize`'s reader, which only unpickles plain data.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
-import signal
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.worker.control import request
+from trainguard.launch.blame import backend_of, default_group_enqueued, is_stopped
+from trainguard.protocol import rank_of
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 200
+REQUEST_TIMEOUT_SECONDS = 4.0
+"""How long a rank's control thread gets to write its dump (a cold first dump costs ~2 s)."""
 
 
 @dataclass
@@ -29,16 +31,45 @@ class Evidence:
     """What was gathered for one failure."""
 
     directory: Path
+    """The attempt's diagnostics folder."""
     files: list[str] = field(default_factory=list)
     """Paths relative to the run directory."""
     replies: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Control-thread reply per rank (includes its step and phase)."""
-    unreachable: list[int] = field(default_factory=list)
+    """Control-thread reply per rank (``ok``, ``files``, ``step``, ``steps_done``, ``phase``)."""
+    unanswered: list[int] = field(default_factory=list)
+    """Live ranks whose control thread took too long or failed to answer."""
+    no_channel: list[int] = field(default_factory=list)
+    """Ranks without a control thread (nothing listens on their socket)."""
+    stopped: list[int] = field(default_factory=list)
+    """Ranks whose process was stopped (state T/t) when the evidence was gathered; not asked."""
+
+
+@dataclass(frozen=True)
+class DumpSummary:
+    """What the agent's blame rule needs from the dumps of one attempt."""
+
+    enqueued: dict[int, int]
+    """Collectives enqueued on the default group per rank."""
+    unreadable: dict[int, str]
+    """Ranks whose dump could not be read, with the reason."""
+    backend: str | None
+    """Backend named by the dumps' entries (``gloo``, ``nccl``), None when no entry says."""
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``, ...); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 1:].split()  # the command name may hold spaces and parentheses
+    return rest[0] if rest else None
 
 
 def _tail(path: Path, lines: int) -> str:
     try:
-        data = path.read_bytes()[-256 * 1024 :]
+        data = path.read_bytes()[-256 * 1024:]
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
@@ -47,30 +78,44 @@ def _tail(path: Path, lines: int) -> str:
 def gather(
     run_root: Path,
     directory: Path,
-    live: dict[int, int],
-    logs: dict[int, list[Path]],
+    live: Mapping[int, int],
+    logs: Mapping[int, list[Path]],
     *,
-    timeout_seconds: float = 10.0,
+    timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
 ) -> Evidence:
     """``live``: rank -> pid of processes still running; ``logs``: rank -> its log files."""
+    from trainguard.worker.control import request
+
     directory.mkdir(parents=True, exist_ok=True)
     ev = Evidence(directory)
+    ask: dict[int, int] = {}
+    for rank, pid in sorted(live.items()):
+        if is_stopped(proc_state(pid)):
+            ev.stopped.append(rank)
+        else:
+            ask[rank] = pid
 
-    def ask(item: tuple[int, int]) -> tuple[int, dict[str, Any] | None]:
+    def one(item: tuple[int, int]) -> tuple[int, dict[str, Any] | None, bool]:
         rank, pid = item
         try:
-            return rank, request(pid, {"cmd": "dump", "dir": str(directory)}, timeout_seconds)
+            return rank, request(pid, {"cmd": "dump"}, timeout_seconds), True
+        except (ConnectionRefusedError, FileNotFoundError):
+            return rank, None, False  # no control thread listens: the script runs without trainguard's worker side
         except (OSError, ValueError) as exc:
             log.warning("rank %d (pid %d) gave no evidence: %s", rank, pid, exc)
-            return rank, None
+            return rank, None, True
 
-    if live:
-        with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
-            for rank, reply in pool.map(ask, sorted(live.items())):
-                if reply is None:
-                    ev.unreachable.append(rank)
-                else:
+    if ask:
+        with ThreadPoolExecutor(max_workers=min(16, len(ask))) as pool:
+            for rank, reply, channel in pool.map(one, sorted(ask.items())):
+                if reply is not None:  # it answered, even if it could not dump: not frozen
+                    if not reply.get("ok", True):
+                        log.warning("rank %d wrote no evidence: %s", rank, reply.get("error", "no reason given"))
                     ev.replies[rank] = reply
+                elif channel:
+                    ev.unanswered.append(rank)
+                else:
+                    ev.no_channel.append(rank)
     for rank, paths in sorted(logs.items()):
         text = "".join(f"==> {p.name} <==\n{_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
         (directory / f"log_tail_rank_{rank}.txt").write_text(text)
@@ -80,51 +125,25 @@ def gather(
     return ev
 
 
-def enqueued_per_rank(directory: Path) -> dict[int, int]:
-    """Collectives enqueued on the default group per rank, read from the pickled dumps."""
-    out: dict[int, int] = {}
-    for path in directory.glob("fr_trace_rank_*.pkl"):
+def read_dumps(directory: Path) -> DumpSummary:
+    """Summarise the ``fr_trace_rank_<r>.pkl`` dumps in ``directory`` (restricted unpickling, never code)."""
+    from trainguard.localize import DumpError, read_dump
+
+    enqueued: dict[int, int] = {}
+    unreadable: dict[int, str] = {}
+    backend: str | None = None
+    for path in sorted(directory.glob("fr_trace_rank_*.pkl")):
+        rank = rank_of(path.name, "fr_trace_rank_", ".pkl")
+        if rank is None:
+            continue
         try:
-            rank = int(path.stem.rsplit("_", 1)[1])
-            data = pickle.loads(path.read_bytes())
-            status = data.get("pg_status", {})
-            seqs = [int(v.get("last_enqueued_collective", -1)) for v in status.values() if isinstance(v, dict)]
-            if "0" in status and isinstance(status["0"], dict):
-                seqs = [int(status["0"].get("last_enqueued_collective", -1))]
-            out[rank] = max(seqs) if seqs else -1
-        except Exception as exc:
-            log.warning("cannot read %s: %s", path, exc)
-    return out
-
-
-def crash_culprits(exit_codes: dict[int, int]) -> tuple[list[int], str]:
-    """Culprit ranks and failure kind from the exit codes of the ranks that ended.
-
-    Ranks killed by a signal are the cause; ranks exiting with an error may only be its echo. Among
-    signalled ranks, SIGABRT is itself usually an echo: gloo and NCCL processes abort (std::terminate)
-    when a peer's connection resets, so a rank that died of another signal is preferred.
-    """
-    failed = sorted(exit_codes)
-    signalled = [r for r in failed if exit_codes[r] < 0]
-    primary = [r for r in signalled if exit_codes[r] != -signal.SIGABRT]
-    return (primary or signalled or failed), ("crash" if signalled else "exit")
-
-
-def simple_culprits(directory: Path, steps: dict[int, int], world_size: int) -> tuple[list[int], str]:
-    """The rank(s) behind the others; ``steps`` = last completed step per rank known to the agent."""
-    enq = enqueued_per_rank(directory)
-    missing = sorted(set(range(world_size)) - set(enq)) if world_size else []
-    if enq and max(enq.values()) > min(enq.values()):
-        top = max(enq.values())
-        behind = sorted(r for r, s in enq.items() if s < top)
-        return behind, f"rank(s) {behind} enqueued fewer collectives than the others ({top})"
-    if enq and missing and len(enq) + len(missing) == world_size:
-        return missing, f"rank(s) {missing} gave no dump while the others wait in collective {max(enq.values())}"
-    if steps and max(steps.values()) > min(steps.values()):
-        low = min(steps.values())
-        behind = sorted(r for r, s in steps.items() if s == low)
-        return behind, f"rank(s) {behind} completed fewer steps ({low}) than the others"
-    return [], "no rank is behind the others"
+            dump = read_dump(path, rank)
+        except DumpError as exc:
+            unreadable[rank] = str(exc)
+            continue
+        enqueued[rank] = default_group_enqueued(dump.pg_status)
+        backend = backend or backend_of(dump.entries)
+    return DumpSummary(enqueued, unreadable, backend)
 
 
 def localize(directory: Path, rank_hosts: dict[int, str]) -> dict[str, Any] | None:

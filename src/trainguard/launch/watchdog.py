@@ -1,21 +1,33 @@
-"""Hang detection from heartbeats: a timeout learned from observed step times, with allowances.
+"""Hang detection from heartbeat records (`trainguard.protocol.Heartbeat`): pure logic, monotonic time only.
 
-Pure logic (no torch, no processes) so it is unit-tested directly. Progress of a rank is the end of
-its last completed step. A rank is hung when no step ended for longer than its deadline:
+The agent hands `Watchdog.check` each rank's latest heartbeat and ``time.monotonic()``; nothing here reads a
+clock, so a step of the wall clock can neither fake a hang nor hide one. How a rank is judged depends on
+where its progress signal comes from (``Heartbeat.source``):
 
-* before its first step in an attempt: ``first_step_allowance_seconds`` from the attempt's start
-  (imports, process-group set-up, checkpoint restore);
-* inside a ``checkpoint`` phase, or ``done`` (training over, the rank is shutting down): at least
-  ``checkpoint_allowance_seconds`` from the phase's start;
-* otherwise ``max(floor_seconds, multiplier * median step time)`` from the last step's end.
+* ``script`` (``trainguard.attach()`` steps): a rank is hung when no step of its own ended for longer than
+  ``max(floor, multiplier x median step)``; ``first_step_allowance_seconds`` from the attempt's start
+  before its first step; at least ``checkpoint_allowance_seconds`` from the start of a ``checkpoint``
+  phase (or ``done``: the rank finished and waits for the others).
+* ``optimizer`` (automatic optimizer-step hooks in an unmodified script): a hang is a *wait*. The job is
+  hung only when nothing progressed (no step ended and no collective completed on any such rank) for
+  longer than that timeout AND some rank has waited in a collective for longer than it, or some rank's
+  background thread stopped writing (the process is stopped or frozen). A long validation or data phase
+  without collectives is therefore never called a hang.
+* ``none`` (no signal): watched for crashes only as long as no rank of the run ever sent a signal; once
+  some attempt did, a rank of a later attempt that has not sent one yet gets the first-step allowance.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from trainguard.protocol import Heartbeat
+
+log = logging.getLogger(__name__)
 
 _ALLOWANCE_PHASES = ("checkpoint", "done")
 
@@ -25,7 +37,7 @@ class WatchdogConfig:
     """How the agent decides a job is hung."""
 
     floor_seconds: float = 4.0
-    """Never call a hang sooner than this after the last step ended."""
+    """Never call a hang sooner than this after the last progress."""
     multiplier: float = 3.0
     """Hang timeout = multiplier x median observed step time (if above the floor)."""
     first_step_allowance_seconds: float = 120.0
@@ -33,7 +45,9 @@ class WatchdogConfig:
     checkpoint_allowance_seconds: float = 120.0
     """Time allowed inside a checkpoint phase."""
     samples: int = 50
-    """Step times remembered for the median."""
+    """Step times remembered for the median (kept across attempts)."""
+    alive_stale_seconds: float = 5.0
+    """A rank whose background thread has not written for this long is stopped or frozen (it writes ~1 Hz)."""
 
     def max_timeout_seconds(self) -> float:
         """The longest the watchdog can wait: the process-group timeout must exceed this."""
@@ -45,12 +59,29 @@ class Verdict:
     """A hang the watchdog found."""
 
     ranks: tuple[int, ...]
-    """Ranks past their deadline."""
-    onset: float
-    """Wall time of the job's last progress (the latest step end over the ranks watched)."""
+    """Ranks past their deadline (for a wait: the stale ranks, else every rank watched)."""
+    onset_mono: float
+    """Monotonic time of the job's last progress over the ranks watched; latency is measured from it."""
     timeout_seconds: float
+    """The learned timeout in force when the hang was declared."""
     last_steps: dict[int, int]
     """Last completed step per rank watched."""
+    reason: str
+    """One line: what stopped, for how long."""
+    stale_ranks: tuple[int, ...] = ()
+    """Ranks whose background thread stopped writing (process stopped or frozen)."""
+    waiting_ranks: tuple[int, ...] = ()
+    """Ranks waiting in a collective for longer than the timeout."""
+
+
+@dataclass
+class _RankTrack:
+    """What the watchdog remembers of one rank within an attempt."""
+
+    steps_done: int = 0
+    collectives_done: int = 0
+    collective_progress_mono: float = 0.0
+    """When a rise of ``collectives_done`` was first seen (0: never in this attempt)."""
 
 
 class Watchdog:
@@ -59,12 +90,15 @@ class Watchdog:
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
         self._durations: deque[float] = deque(maxlen=config.samples)
-        self._seen: dict[int, int] = {}
-        self.attempt_start = 0.0
+        self._tracks: dict[int, _RankTrack] = {}
+        self.attempt_start_mono = 0.0
+        self.signal_seen = False
+        """Whether any rank of the run has sent a progress signal in any attempt so far."""
+        self._warned_no_signal = False
 
-    def new_attempt(self, start: float) -> None:
-        self.attempt_start = start
-        self._seen.clear()
+    def new_attempt(self, start_mono: float) -> None:
+        self.attempt_start_mono = start_mono
+        self._tracks = {}
 
     def median_step_seconds(self) -> float | None:
         return statistics.median(self._durations) if self._durations else None
@@ -74,37 +108,132 @@ class Watchdog:
         learned = self.config.multiplier * median if median is not None else 0.0
         return max(self.config.floor_seconds, learned)
 
-    def observe(self, rank: int, beat: dict[str, Any]) -> None:
-        """Record a heartbeat; a new completed step contributes its duration to the median."""
-        steps_done = int(beat["steps_done"])
-        if steps_done > self._seen.get(rank, 0):
-            self._seen[rank] = steps_done
-            if beat["duration_seconds"] > 0:
-                self._durations.append(float(beat["duration_seconds"]))
+    def _observe(self, rank: int, beat: Heartbeat, now: float) -> None:
+        track = self._tracks.setdefault(rank, _RankTrack())
+        if beat.steps_done > track.steps_done:
+            track.steps_done = beat.steps_done
+            if beat.duration_seconds > 0:
+                self._durations.append(beat.duration_seconds)
+        if beat.collectives_done > track.collectives_done:
+            # The record carries no completion time: the poll that first sees the rise dates it (<= 0.1 s late).
+            track.collective_progress_mono = now
+            track.collectives_done = beat.collectives_done
+        if beat.has_progress_signal:
+            self.signal_seen = True
 
-    def check(self, beats: dict[int, dict[str, Any] | None], now: float) -> Verdict | None:
-        """``beats``: latest heartbeat per watched rank (None = not written yet)."""
+    def check(self, beats: Mapping[int, Heartbeat | None], now: float) -> Verdict | None:
+        """``beats``: latest heartbeat per watched rank (None = not written yet); ``now``: ``time.monotonic()``."""
         if not beats:
             return None
+        # Heartbeat folders are per attempt, so every record read belongs to this attempt.
+        current = {r: b for r, b in beats.items() if b is not None}
+        for rank, beat in current.items():
+            self._observe(rank, beat, now)
+        by_source: dict[str, list[int]] = {"none": [], "script": [], "optimizer": []}
+        for rank in beats:
+            by_source[current[rank].source if rank in current else "none"].append(rank)
+        if not self.signal_seen:
+            self._maybe_warn_no_signal(sorted(beats), now)
+            return None
+        last_steps = {r: (current[r].step if r in current else 0) for r in beats}
         timeout = self.timeout_seconds()
         late: list[int] = []
         progress: list[float] = []
-        last_steps: dict[int, int] = {}
-        for rank, beat in beats.items():
-            if beat is None or beat["steps_done"] == 0 or beat["time"] < self.attempt_start:
-                deadline = self.attempt_start + self.config.first_step_allowance_seconds
-                last = self.attempt_start
-                if beat is not None and beat["phase"] in _ALLOWANCE_PHASES:
-                    deadline = max(deadline, beat["phase_start"] + self.config.checkpoint_allowance_seconds)
-            else:
-                last = beat["time"]
-                deadline = last + timeout
-                if beat["phase"] in _ALLOWANCE_PHASES:
-                    deadline = max(deadline, beat["phase_start"] + self.config.checkpoint_allowance_seconds)
-            last_steps[rank] = beat["step"] if beat is not None else 0
+        for rank in by_source["none"]:
+            progress.append(self.attempt_start_mono)
+            if now > self._first_step_deadline(current.get(rank)):
+                late.append(rank)
+        for rank in by_source["script"]:
+            beat = current[rank]
+            last, deadline = self._script_deadline(beat, timeout)
             progress.append(last)
             if now > deadline:
                 late.append(rank)
-        if not late:
+        wait: Verdict | None = None
+        if by_source["optimizer"]:
+            wait = self._check_wait({r: current[r] for r in by_source["optimizer"]}, now, timeout, last_steps)
+            if wait is not None:
+                progress.append(wait.onset_mono)
+            else:
+                progress.extend(self._wait_progress(r, current[r]) for r in by_source["optimizer"])
+        if not late and wait is None:
             return None
-        return Verdict(tuple(sorted(late)), max(progress), timeout, last_steps)
+        onset = max(progress) if progress else self.attempt_start_mono
+        ranks = sorted(set(late) | set(wait.ranks if wait is not None else ()))
+        reasons = []
+        if late:
+            reasons.append(f"rank(s) {sorted(late)} completed no step for {now - onset:.1f}s "
+                           f"(timeout {timeout:.1f}s)")
+        if wait is not None:
+            reasons.append(wait.reason)
+        return Verdict(
+            ranks=tuple(ranks), onset_mono=onset, timeout_seconds=timeout, last_steps=last_steps,
+            reason="; ".join(reasons), stale_ranks=wait.stale_ranks if wait is not None else (),
+            waiting_ranks=wait.waiting_ranks if wait is not None else (),
+        )
+
+    # --- the rules ------------------------------------------------------------------------------
+
+    def _first_step_deadline(self, beat: Heartbeat | None) -> float:
+        deadline = self.attempt_start_mono + self.config.first_step_allowance_seconds
+        if beat is not None and beat.phase in _ALLOWANCE_PHASES:
+            deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
+        return deadline
+
+    def _script_deadline(self, beat: Heartbeat, timeout: float) -> tuple[float, float]:
+        """(last progress, deadline) of a rank that counts its steps through ``trainguard.attach()``."""
+        if beat.steps_done == 0:
+            return self.attempt_start_mono, self._first_step_deadline(beat)
+        deadline = beat.progress_mono + timeout
+        if beat.phase in _ALLOWANCE_PHASES:
+            deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
+        return beat.progress_mono, deadline
+
+    def _wait_progress(self, rank: int, beat: Heartbeat) -> float:
+        """Last progress of an automatically watched rank: a step end or a completed collective."""
+        track = self._tracks.get(rank, _RankTrack())
+        last = self.attempt_start_mono
+        if beat.steps_done > 0:
+            last = max(last, beat.progress_mono)
+        return max(last, track.collective_progress_mono)
+
+    def _check_wait(self, beats: Mapping[int, Heartbeat], now: float, timeout: float,
+                    last_steps: dict[int, int]) -> Verdict | None:
+        """The job-level rule for ranks watched through optimizer hooks and the flight recorder."""
+        onset = max(self._wait_progress(r, b) for r, b in beats.items())
+        deadline = onset + timeout
+        if not any(b.steps_done > 0 for b in beats.values()):
+            deadline = max(deadline, self.attempt_start_mono + self.config.first_step_allowance_seconds)
+        for beat in beats.values():
+            if beat.phase in _ALLOWANCE_PHASES:
+                deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
+        if now <= deadline:
+            return None
+        waiting = sorted(r for r, b in beats.items()
+                         if b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
+        stale = sorted(r for r, b in beats.items()
+                       if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
+        if not waiting and not stale:
+            return None  # nothing waits: a long phase without collectives (validation, data), not a hang
+        parts = [f"no step or collective completed for {now - onset:.1f}s (timeout {timeout:.1f}s)"]
+        if waiting:
+            longest = max(now - beats[r].pending_since_mono for r in waiting)
+            parts.append(f"rank(s) {waiting} waiting in a collective (longest {longest:.1f}s)")
+        if stale:
+            parts.append(f"rank(s) {stale} stopped writing heartbeats (process stopped or frozen)")
+        return Verdict(
+            ranks=tuple(stale or sorted(beats)), onset_mono=onset, timeout_seconds=timeout,
+            last_steps={r: last_steps.get(r, 0) for r in beats}, reason=", ".join(parts),
+            stale_ranks=tuple(stale), waiting_ranks=tuple(waiting),
+        )
+
+    def _maybe_warn_no_signal(self, ranks: list[int], now: float) -> None:
+        """One warning per run, once a hang could have been declared had the ranks sent a signal."""
+        if self._warned_no_signal or now <= self.attempt_start_mono + self.config.first_step_allowance_seconds:
+            return
+        self._warned_no_signal = True
+        log.warning(
+            "rank(s) %s send no progress signal (no trainguard.attach() step and no optimizer step seen for "
+            "%.0fs): they are watched for crashes only and hangs will not be detected",
+            ranks, self.config.first_step_allowance_seconds,
+        )
