@@ -1,4 +1,4 @@
-"""Deterministic fault injection: the ``--inject`` grammar and the in-rank injector that fires faults.
+"""Deterministic fault injection: the ``--inject`` grammar, its pre-launch check and the in-rank injector.
 
 Grammar: faults separated by ``;``, each ``KIND@key=value,...`` (``KIND`` alone is allowed for kinds
 with no required keys), e.g. ``crash@step=30,rank=1;hang@step=60,rank=2;slow@step=0,rank=3,factor=1.3``.
@@ -149,13 +149,22 @@ class Injector:
         self.marker_dir = marker_dir
         self.faults = [f for f in faults if f.kind in RANK_KINDS and (f.rank or 0) == rank]
         self._record = record
-        self._chaos_group = chaos_group
+        self.chaos_group = chaos_group
+        """The extra process group ``hang-in-collective`` blocks in (every rank must create it)."""
         self._slow_factor: float | None = None
+        self._skipped: set[int] = set()
         self._last_step_seconds = 0.0
 
     def _claim(self, fault: Fault) -> bool:
         """True if this fault should fire now; writes its marker so it never fires again."""
         if fault.attempt is not None and fault.attempt != self.attempt:
+            return False
+        if fault.kind == "hang-in-collective" and self.chaos_group is None:
+            # Without the group every rank created (trainguard.attach() does), there is nothing to block
+            # in; `check_schedule` refuses such a schedule before launch.
+            if fault.index not in self._skipped:
+                self._skipped.add(fault.index)
+                log.warning("chaos: %s needs trainguard.attach() in the script; not firing", fault.to_spec())
             return False
         marker = self.marker_dir / f"fired-{fault.index}"
         if marker.exists():
@@ -196,9 +205,9 @@ class Injector:
             import torch
             import torch.distributed as dist
 
-            if fault.kind == "hang-in-collective" and self._chaos_group is not None:
+            if fault.kind == "hang-in-collective":
                 # Blocks inside a collective that no other rank ever joins.
-                dist.all_reduce(torch.zeros(1), group=self._chaos_group)
+                dist.all_reduce(torch.zeros(1), group=self.chaos_group)
             else:
                 # A different collective from the one the others issue.
                 dist.broadcast(torch.zeros(3), src=self.rank)
@@ -209,3 +218,32 @@ class Injector:
     def needs_chaos_group(faults: list[Fault]) -> bool:
         """Whether every rank must create the extra group hang-in-collective blocks in."""
         return any(f.kind == "hang-in-collective" for f in faults)
+
+
+AUTO_KINDS = ("crash", "exit", "hang", "slow", "desync")
+"""Rank faults the automatic hooks can fire in a script that never calls ``trainguard.attach()``."""
+
+
+def check_schedule(faults: list[Fault], world_size_max: int, auto_instrument: bool) -> list[str]:
+    """Problems that keep a schedule from doing what it says, one sentence each (empty: fine).
+
+    ``world_size_max`` is the most ranks the job can have (``nnodes max x nproc-per-node``);
+    ``auto_instrument`` is whether the workers get the automatic hooks (``trainguard run``'s default).
+    A script that calls ``trainguard.attach()`` fires every kind; with only the automatic hooks,
+    ``hang-in-collective`` cannot fire (it blocks in an extra process group that every rank must create,
+    which only ``attach()`` does); without automatic instrumentation, rank faults fire only in scripts
+    that call ``attach()`` (not reported: the script is not inspected).
+    """
+    problems: list[str] = []
+    for fault in faults:
+        if fault.kind not in RANK_KINDS:
+            continue
+        rank = fault.rank or 0
+        if world_size_max > 0 and rank >= world_size_max:
+            problems.append(f"{fault.to_spec()}: rank {rank} does not exist (the job has at most "
+                            f"{world_size_max} rank{'s' if world_size_max != 1 else ''}, numbered from 0)")
+        if auto_instrument and fault.kind not in AUTO_KINDS:
+            problems.append(f"{fault.to_spec()}: {fault.kind} fires only in scripts that call trainguard.attach() "
+                            f"(the automatic hooks cannot create the extra process group it blocks in); "
+                            f"use hang or desync for an unmodified script")
+    return problems

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ class RunLayout:
         return self.heartbeats_root / node / f"attempt-{attempt}"
 
     def heartbeat_file(self, node: str, attempt: int, rank: int) -> Path:
-        return self.heartbeat_dir(node, attempt) / f"rank-{rank}"
+        return self.heartbeat_dir(node, attempt) / heartbeat_name(rank)
 
     def rank_nodes(self, attempt: int) -> dict[int, str]:
         """Which node ran each rank in ``attempt``, from the heartbeat folders (the run dir may be shared)."""
@@ -103,6 +104,21 @@ class RunLayout:
     def chaos_dir(self) -> Path:
         """Markers of fired faults and ``unhealthy-<node>`` flags."""
         return self.root / "chaos"
+
+
+def heartbeat_name(rank: int) -> str:
+    """A rank's heartbeat file name inside ``TRAINGUARD_HEARTBEAT_DIR`` (what a worker knows of the layout)."""
+    return f"rank-{rank}"
+
+
+def fr_trace_name(rank: int) -> str:
+    """The flight-recorder pickle a rank's control thread writes into the evidence folder."""
+    return f"fr_trace_rank_{rank}.pkl"
+
+
+def stacks_name(rank: int) -> str:
+    """All Python threads' stacks of a rank, written next to its flight-recorder pickle."""
+    return f"stacks_rank_{rank}.txt"
 
 
 def rank_of(name: str, prefix: str, suffix: str = "") -> int | None:
@@ -239,12 +255,14 @@ class Heartbeat:
         for name in (self.phase, self.source):
             if not _TOKEN.match(name):
                 raise ValueError(f"heartbeat token {name!r} is not a plain word")
-        line = (
+        body = (
             f"{HEARTBEAT_VERSION} step={self.step} n={self.steps_done} t={self.progress_mono:.6f} "
             f"dur={self.duration_seconds:.6f} phase={self.phase} pt={self.phase_start_mono:.6f} "
             f"src={self.source} c={self.collectives_done} pend={self.pending_since_mono:.6f} "
-            f"alive={self.alive_mono:.6f}\n"
+            f"alive={self.alive_mono:.6f}"
         ).encode()
+        # A reader racing the in-place rewrite may see old and new bytes mixed; the checksum rejects that.
+        line = body + b" k=%08x\n" % zlib.crc32(body)
         if len(line) > HEARTBEAT_BYTES:
             raise ValueError("heartbeat longer than its fixed size")
         return line.ljust(HEARTBEAT_BYTES, b" ")
@@ -252,7 +270,13 @@ class Heartbeat:
     @classmethod
     def decode(cls, data: bytes) -> Heartbeat | None:
         """Parse a heartbeat file's bytes; None when empty, torn, of another version or out of range."""
-        text = data[:HEARTBEAT_BYTES].rstrip(b"\0 \n").decode("ascii", errors="replace")
+        raw = data[:HEARTBEAT_BYTES].rstrip(b"\0 \n")
+        body, sep, crc = raw.rpartition(b" k=")
+        if sep:  # written with a checksum (every writer of this module): verify it
+            if len(crc) != 8 or crc.strip(b"0123456789abcdef") or int(crc, 16) != zlib.crc32(body):
+                return None
+            raw = body
+        text = raw.decode("ascii", errors="replace")
         words = text.split()
         if not words or words[0] != HEARTBEAT_VERSION:
             return None

@@ -1,19 +1,24 @@
-"""The in-rank library on real gloo ranks: evidence while blocked in a collective, and life without an agent."""
+"""The control channel on real processes: evidence while blocked in a collective, life without an agent, and
+who may ask (only this user's agent process), with bounded requests and files nobody can redirect."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from trainguard.worker import parse_heartbeat
+from trainguard.protocol import read_heartbeat
 from trainguard.worker.control import request
 
 SCRIPT = r'''
@@ -47,8 +52,6 @@ def _spawn(tmp_path: Path, world: int, env_extra: dict[str, str], port: int) -> 
 
 
 def _port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -58,21 +61,21 @@ def _port() -> int:
 def test_dump_answers_while_the_main_thread_is_blocked_in_a_collective(tmp_path: Path) -> None:
     hb = tmp_path / "hb"
     run_dir = tmp_path / "run"
-    procs = _spawn(tmp_path, 2, {"TRAINGUARD_AGENT": "1", "TRAINGUARD_RUN_DIR": str(run_dir),
+    out = tmp_path / "diag"
+    procs = _spawn(tmp_path, 2, {"TRAINGUARD_AGENT": "1", "TRAINGUARD_AGENT_PID": str(os.getpid()),
+                                 "TRAINGUARD_RUN_DIR": str(run_dir), "TRAINGUARD_EVIDENCE_DIR": str(out),
                                  "TRAINGUARD_HEARTBEAT_DIR": str(hb), "TRAINGUARD_FR_PREWARM": "0"}, _port())
     try:
         deadline = time.time() + 60
         beat = None
         while time.time() < deadline:  # rank 1 finished step 1 and entered step 2's collective
-            path = hb / "rank-1"
-            beat = parse_heartbeat(path.read_bytes()) if path.exists() else None
-            if beat and beat["steps_done"] == 1 and beat["phase"] == "comm_wait":
+            beat = read_heartbeat(hb / "rank-1")
+            if beat and beat.steps_done == 1 and beat.phase == "comm_wait":
                 break
             time.sleep(0.2)
-        assert beat and beat["phase"] == "comm_wait", beat
+        assert beat and beat.phase == "comm_wait" and beat.source == "script", beat
         time.sleep(0.5)
-        out = tmp_path / "diag"
-        reply = request(procs[1].pid, {"cmd": "dump", "dir": str(out)}, timeout_seconds=30)
+        reply = request(procs[1].pid, {"cmd": "dump"}, timeout_seconds=30)
         assert reply["ok"] and reply["step"] == 1 and reply["phase"] == "comm_wait"
         dump = pickle.loads((out / "fr_trace_rank_1.pkl").read_bytes())
         status = dump["pg_status"]["0"]
@@ -106,3 +109,143 @@ def test_without_an_agent_training_runs_and_writes_local_events(tmp_path: Path) 
     res = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 0 and "done" in res.stdout, res.stderr
+
+
+# --- who may ask, and what they can make the worker do ------------------------------------------------
+
+CONTROL_ONLY = r'''
+import os, sys, time
+from pathlib import Path
+from trainguard.worker.control import ControlThread
+ControlThread(3, lambda: {"step": 7, "steps_done": 7, "phase": "step"},
+              evidence_dir=Path(os.environ["TRAINGUARD_EVIDENCE_DIR"]),
+              agent_pid=int(os.environ["TRAINGUARD_AGENT_PID"]))
+print("ready", flush=True)
+time.sleep(600)
+'''
+
+ATTACKER = r'''
+import json, os, socket, sys
+out = {"uid": os.getuid(), "reply": None, "error": None}
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect("\0trainguard-" + sys.argv[1])
+        s.sendall(b'{"cmd": "ping"}\n{"cmd": "dump"}\n')
+        out["reply"] = s.recv(4096).decode(errors="replace")
+except OSError as exc:
+    out["error"] = repr(exc)
+print(json.dumps(out), flush=True)
+'''
+
+
+def _control_worker(tmp_path: Path, agent_pid: int) -> tuple[subprocess.Popen[str], Path]:
+    evidence = tmp_path / "evidence"
+    env = {**os.environ, "TRAINGUARD_EVIDENCE_DIR": str(evidence), "TRAINGUARD_AGENT_PID": str(agent_pid)}
+    proc = subprocess.Popen([sys.executable, "-c", CONTROL_ONLY], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc, evidence
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_another_user_is_disconnected_unread_and_creates_nothing(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the client as another user (uid 65534)")
+    proc, evidence = _control_worker(tmp_path, os.getpid())
+    try:
+        res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                              ATTACKER, str(proc.pid)], capture_output=True, text=True, timeout=30, check=False)
+        if res.returncode != 0 or not res.stdout.strip():
+            pytest.skip(f"cannot run a client as uid 65534: {res.stderr.strip()[-300:]}")
+        out = json.loads(res.stdout)
+        assert out["uid"] == 65534
+        assert not out["reply"], out  # closed without a reply (or reset)
+        assert not evidence.exists()
+        assert request(proc.pid, {"cmd": "ping"}, timeout_seconds=5)["step"] == 7  # the agent still is served
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_same_user_but_not_the_agent_is_refused(tmp_path: Path) -> None:
+    proc, evidence = _control_worker(tmp_path, agent_pid=1)  # the agent is someone else
+    try:
+        with pytest.raises((OSError, ValueError)):
+            request(proc.pid, {"cmd": "dump"}, timeout_seconds=5)
+        assert not evidence.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_slow_and_endless_clients_do_not_block_the_agent_nor_burn_cpu(tmp_path: Path) -> None:
+    proc, _ = _control_worker(tmp_path, os.getpid())
+    slow_closed_after: list[float] = []
+    streamed: list[int] = []
+
+    def slow() -> None:  # one byte, then silence: must be cut at the 2 s deadline
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(f"\0trainguard-{proc.pid}")
+            t0 = time.monotonic()
+            s.sendall(b"{")
+            s.settimeout(15)
+            with contextlib.suppress(OSError):
+                s.recv(10)
+            slow_closed_after.append(time.monotonic() - t0)
+
+    def endless() -> None:  # bytes without a newline: must be cut at 4 KiB
+        sent = 0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(f"\0trainguard-{proc.pid}")
+            s.settimeout(10)
+            try:
+                while sent < 64 << 20:
+                    sent += s.send(b"x" * 65536)
+            except OSError:
+                pass
+        streamed.append(sent)
+
+    try:
+        cpu0 = _cpu_seconds(proc.pid)
+        threads = [threading.Thread(target=slow), threading.Thread(target=endless)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        reply = request(proc.pid, {"cmd": "dump"}, timeout_seconds=5)
+        assert reply["ok"] and time.monotonic() - t0 < 1.5, reply
+        assert sorted(reply["files"]) == ["stacks_rank_3.txt"]  # no torch in this process: stacks only
+        for t in threads:
+            t.join(20)
+        assert slow_closed_after and 1.5 < slow_closed_after[0] < 5, slow_closed_after
+        assert streamed and streamed[0] < 64 << 20, streamed  # the worker hung up long before
+        assert _cpu_seconds(proc.pid) - cpu0 < 0.5
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_planted_symlinks_are_never_followed(tmp_path: Path) -> None:
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    proc, evidence = _control_worker(tmp_path, os.getpid())
+    try:
+        evidence.symlink_to(victim_dir)  # the evidence folder itself replaced by a link
+        reply = request(proc.pid, {"cmd": "dump"}, timeout_seconds=5)
+        assert not reply["ok"] and list(victim_dir.iterdir()) == []
+        evidence.unlink()
+        evidence.mkdir()
+        victim = tmp_path / "victim" / "file"
+        (evidence / "stacks_rank_3.txt").symlink_to(victim)  # a link where the dump goes
+        reply = request(proc.pid, {"cmd": "dump"}, timeout_seconds=5)
+        assert reply["ok"] and not victim.exists()
+        stacks = evidence / "stacks_rank_3.txt"
+        assert not stacks.is_symlink() and "trainguard-control" in stacks.read_text()
+        assert sorted(p.name for p in evidence.iterdir()) == ["stacks_rank_3.txt"]  # no temp file left
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,10 +1,18 @@
-"""In-rank library: step/phase marks, step events, heartbeats to the node agent, evidence on request.
+"""In-rank side of trainguard: `attach()` for scripts, automatic hooks for scripts that never import it.
 
-Public as ``trainguard.attach()``. See docs/run.md.
+Public as ``trainguard.attach()``. See docs/run.md and docs/worker.md. The submodules load lazily so that
+``trainguard.worker.bootstrap`` (imported by the agent for `site_dir`) stays cheap.
 """
 
 from __future__ import annotations
 
-from trainguard.worker.library import StepContext, Worker, attach, parse_heartbeat, pg_timeout
+import importlib
+from typing import Any
 
 __all__ = ["StepContext", "Worker", "attach", "parse_heartbeat", "pg_timeout"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("trainguard.worker.library"), name)
+    raise AttributeError(f"module 'trainguard.worker' has no attribute {name!r}")

@@ -4,6 +4,12 @@ It listens on a Linux abstract Unix socket named after the process id (``\\0trai
 agent, which knows its workers' pids, reaches each rank without any file or port to agree on. A gloo
 collective waits with the GIL released, so this thread runs while the main thread is blocked in one.
 Requests and replies are one JSON object per line.
+
+Abstract sockets have no file permissions: any local process can connect. So the kernel's record of
+the peer (``SO_PEERCRED``) decides: only this user's agent process (``TRAINGUARD_AGENT_PID``) is
+served; anyone else is disconnected before a byte is read. Requests are bounded (4 KiB, 2 s) and each
+accepted connection is served by its own short-lived thread, so a stuck client cannot starve the
+agent. Dumps go only into the evidence folder fixed at worker start (see `trainguard.worker.files`).
 """
 
 from __future__ import annotations
@@ -13,19 +19,40 @@ import json
 import logging
 import os
 import socket
+import struct
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.protocol import fr_trace_name, stacks_name
+from trainguard.worker.files import open_private_dir, write_file_at
+
 log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4096
+"""A request longer than this (without its newline) is dropped."""
+REQUEST_DEADLINE_SECONDS = 2.0
+"""Time a client has, from its connection being accepted, to send its whole request line."""
+MAX_HANDLERS = 4
+"""Connections served at once; more are closed at once (only the agent gets this far)."""
+MAX_REPLY_BYTES = 1 << 20
+
+_PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
 
 def socket_name(pid: int) -> str:
     """Abstract-namespace socket address of the rank with this pid."""
     return f"\0trainguard-{pid}"
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a connected Unix socket, from the kernel."""
+    pid, uid, gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid, gid
 
 
 def format_all_stacks() -> str:
@@ -40,8 +67,19 @@ def format_all_stacks() -> str:
     return "".join(lines)
 
 
+def torch_ready() -> bool:
+    """Whether torch is imported and done initializing (touching it mid-import would wait on its import lock)."""
+    torch = sys.modules.get("torch")
+    dist = sys.modules.get("torch.distributed")
+    if torch is None or dist is None:
+        return False
+    return not any(getattr(getattr(m, "__spec__", None), "_initializing", False) for m in (torch, dist))
+
+
 def dump_flight_recorder(with_stack_traces: bool = True) -> bytes | None:
     """The flight recorder's buffer as torch's pickle, or None when torch.distributed is not up."""
+    if not torch_ready():
+        return None
     try:
         import torch._C._distributed_c10d as c10d
         import torch.distributed as dist
@@ -59,38 +97,54 @@ def dump_flight_recorder(with_stack_traces: bool = True) -> bytes | None:
 
 
 def write_evidence(directory: Path, rank: int) -> dict[str, Any]:
-    """Write ``fr_trace_rank_<r>.pkl`` and ``stacks_rank_<r>.txt`` into ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[str] = []
-    stacks = directory / f"stacks_rank_{rank}.txt"
-    stacks.write_text(format_all_stacks())
-    written.append(stacks.name)
-    fr = dump_flight_recorder()
-    if fr is not None:
-        tmp = directory / f".fr_trace_rank_{rank}.pkl.tmp"
-        tmp.write_bytes(fr)
-        os.replace(tmp, directory / f"fr_trace_rank_{rank}.pkl")
-        written.append(f"fr_trace_rank_{rank}.pkl")
+    """Write ``stacks_rank_<r>.txt`` and ``fr_trace_rank_<r>.pkl`` into ``directory`` (see module doc)."""
+    dfd = open_private_dir(directory)
+    try:
+        written: list[str] = []
+        write_file_at(dfd, stacks_name(rank), format_all_stacks().encode())
+        written.append(stacks_name(rank))
+        fr = dump_flight_recorder()
+        if fr is not None:
+            write_file_at(dfd, fr_trace_name(rank), fr)
+            written.append(fr_trace_name(rank))
+    finally:
+        os.close(dfd)
     return {"ok": True, "files": written}
 
 
 class ControlThread:
-    """Daemon thread serving ``dump`` and ``ping`` requests on the rank's control socket."""
+    """Daemon thread serving ``dump`` and ``ping`` requests on the rank's control socket.
 
-    def __init__(self, rank: int, status: Any, *, prewarm: bool = True) -> None:
+    ``status`` returns the rank's ``{"step", "steps_done", "phase"}``; ``evidence_dir`` is the only folder
+    dumps go to; ``agent_pid`` is the only process served (besides this user's uid check); ``prewarm``
+    (called about twice a second until it returns True) pays the first dump's one-off cost early.
+    """
+
+    def __init__(self, rank: int, status: Callable[[], dict[str, Any]], *, evidence_dir: Path | None,
+                 agent_pid: int | None, prewarm: Callable[[], bool] | None = None) -> None:
         self.rank = rank
         self._status = status
+        self._evidence_dir = evidence_dir
+        self._agent_pid = agent_pid
+        self._uid = os.getuid()
         self._prewarm = prewarm
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(socket_name(os.getpid()))
-        self._sock.listen(8)
+        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
+        self._dump_lock = threading.Lock()
+        self._refused = 0
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.bind(socket_name(os.getpid()))
+            self._sock.listen(16)
+        except OSError:
+            self._sock.close()
+            raise
         self._thread = threading.Thread(target=self._serve, name="trainguard-control", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         with contextlib.suppress(OSError):  # low priority: stay out of the training threads' way
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        self._sock.settimeout(0.5 if self._prewarm else None)
+        self._sock.settimeout(0.5 if self._prewarm is not None else None)
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -98,61 +152,141 @@ class ControlThread:
                 self._maybe_prewarm()
                 continue
             except OSError:
-                return
+                return  # closed
+            try:
+                self._dispatch(conn)
+            except Exception as exc:  # the thread must outlive any single bad connection
+                log.warning("control connection failed: %s", exc)
+                conn.close()
+
+    def _allowed(self, conn: socket.socket) -> bool:
+        try:
+            pid, uid, _ = peer_credentials(conn)
+        except OSError:
+            return False
+        if uid == self._uid and (self._agent_pid is None or pid == self._agent_pid):
+            return True
+        self._refused += 1
+        if self._refused == 1:  # once: a scanner must not flood the rank's log
+            log.warning("control: refused a connection from pid %d uid %d (only the agent, pid %s, is served)",
+                        pid, uid, self._agent_pid)
+        return False
+
+    def _dispatch(self, conn: socket.socket) -> None:
+        if not self._allowed(conn) or not self._slots.acquire(blocking=False):
+            conn.close()  # without reading: nothing an outsider sends is ever parsed
+            return
+        deadline = time.monotonic() + REQUEST_DEADLINE_SECONDS
+        try:
+            threading.Thread(target=self._handle_and_release, args=(conn, deadline), name="trainguard-control-conn",
+                             daemon=True).start()
+        except BaseException:
+            self._slots.release()
+            conn.close()
+            raise
+
+    def _handle_and_release(self, conn: socket.socket, deadline: float) -> None:
+        try:
             with conn:
-                try:
-                    self._handle(conn)
-                except Exception as exc:
-                    log.warning("control request failed: %s", exc)
+                self._handle(conn, deadline)
+        except Exception as exc:
+            log.warning("control request failed: %s", exc)
+        finally:
+            self._slots.release()
 
     def _maybe_prewarm(self) -> None:
-        """The first dump with stack traces costs ~1-2 s (symbolizer import): pay it early, once."""
-        if self._status.steps_done < 1:
-            return
-        self._prewarm = False
-        self._sock.settimeout(None)
-        dump_flight_recorder()
+        assert self._prewarm is not None
+        if self._prewarm():
+            self._prewarm = None
+            self._sock.settimeout(None)
 
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(30)
-        data = _read_line(conn)
-        if not data.endswith(b"\n"):
+    def _handle(self, conn: socket.socket, deadline: float) -> None:
+        data = _read_request(conn, deadline)
+        if data is None:
             return
-        request = json.loads(data)
-        cmd = request.get("cmd")
-        reply: dict[str, Any]
-        if cmd == "ping":
-            reply = {"ok": True, "rank": self.rank, **self._status.snapshot()}
-        elif cmd == "dump":
-            reply = write_evidence(Path(request["dir"]), self.rank)
-            reply.update(self._status.snapshot())
-        else:
-            reply = {"ok": False, "error": f"unknown command {cmd!r}"}
+        reply = self._reply(data)
+        conn.settimeout(10.0)
         conn.sendall((json.dumps(reply) + "\n").encode())
 
+    def _reply(self, data: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(data)
+        except ValueError:
+            return {"ok": False, "error": "not a JSON line"}
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "a request is a JSON object"}
+        if "dir" in request:
+            return {"ok": False, "error": "requests may not name a folder: dumps go to the worker's evidence folder"}
+        cmd = request.get("cmd")
+        if cmd == "ping":
+            return {"ok": True, "rank": self.rank, "pid": os.getpid(), **self._status()}
+        if cmd == "dump":
+            if self._evidence_dir is None:
+                return {"ok": False, "error": "this worker has no evidence folder", **self._status()}
+            with self._dump_lock:
+                try:
+                    reply = write_evidence(self._evidence_dir, self.rank)
+                except OSError as exc:
+                    log.warning("control: cannot write evidence: %s", exc)
+                    return {"ok": False, "error": f"cannot write evidence: {exc}", **self._status()}
+            reply.update(self._status())
+            return reply
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
     def close(self) -> None:
+        # shutdown wakes the thread blocked in accept(); close alone may not
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
 
 
-def _read_line(sock: socket.socket) -> bytes:
-    """Bytes up to and including the first newline, or whatever came before the peer closed."""
-    data = b""
-    while not data.endswith(b"\n"):
+def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
+    """The request line (newline excluded), or None when it is too long, too slow or cut short."""
+    buf = bytearray()
+    while True:
+        newline = buf.find(b"\n")
+        if newline >= 0:
+            return bytes(buf[:newline])
+        if len(buf) > MAX_REQUEST_BYTES:
+            return None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        conn.settimeout(remaining)
+        try:
+            chunk = conn.recv(MAX_REQUEST_BYTES + 1 - len(buf))
+        except (TimeoutError, OSError):
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+
+
+def _read_reply(sock: socket.socket, deadline: float) -> bytes:
+    data = bytearray()
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no complete reply in time")
+        sock.settimeout(remaining)
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    return data
+        if len(data) > MAX_REPLY_BYTES:
+            raise ValueError("reply too long")
+    return bytes(data)
 
 
 def request(pid: int, payload: dict[str, Any], timeout_seconds: float = 10.0) -> dict[str, Any]:
     """Send one request to the rank with ``pid``; raises OSError/TimeoutError/ValueError on failure."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    deadline = time.monotonic() + timeout_seconds
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
         s.settimeout(timeout_seconds)
         s.connect(socket_name(pid))
         s.sendall((json.dumps(payload) + "\n").encode())
-        data = _read_line(s)
+        data = _read_reply(s, deadline)
     reply = json.loads(data)
     if not isinstance(reply, dict):
         raise ValueError("bad reply")

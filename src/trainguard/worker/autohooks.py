@@ -1,0 +1,163 @@
+"""Progress, chaos and evidence for a script that never imports trainguard, from public torch hooks.
+
+`trainguard.worker.bootstrap` calls `on_import` right after ``torch.optim`` or ``torch.distributed``
+has been imported by the script. From then on:
+
+* a global optimizer-step post hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) counts
+  steps. **A step is one completed ``step()`` of the lead optimizer**: the first optimizer object of
+  the process whose ``step()`` completes (if it is garbage collected, the next one to step takes over).
+  Other optimizers stepping in the same iteration are not counted again; with gradient accumulation a
+  step is one optimizer update, not one micro-batch; a step skipped by a gradient scaler (inf/NaN) is
+  not a step. The step's *number* is the optimizer's own count when it keeps one (``state[p]["step"]``
+  of Adam, AdamW and most adaptive optimizers, restored with the optimizer's state dict by a resumed
+  script, so numbers continue across restarts); otherwise the steps counted in this attempt.
+* each step writes the heartbeat (source ``optimizer``) and a ``StepCompleted`` event. Its duration is
+  the time since the previous step ended; the first step of an attempt counts only from just before its
+  optimizer update (its forward and backward started before anything could see them), so the effective
+  training time computed from the events errs on the low side by at most one step per attempt.
+* faults scheduled for step S fire at the start of step S: right after step S-1's update (post hook),
+  i.e. before step S's forward pass and collectives; a fault due at the first step of an attempt fires in
+  the pre hook of that attempt's first update.
+* the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
+  background thread, which reads collective progress once a default process group exists (see
+  `trainguard.worker.runtime`).
+
+Once the script calls ``trainguard.attach()`` its own steps count: these hooks stop counting for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import weakref
+from types import ModuleType
+from typing import Any
+
+from trainguard.worker import runtime
+
+log = logging.getLogger(__name__)
+
+
+class OptimizerSteps:
+    """The step clock of one process, driven by the global optimizer hooks."""
+
+    def __init__(self) -> None:
+        self._lead: weakref.ref[Any] | None = None
+        self._counted = 0
+        self._first_pre_mono: float | None = None
+        self._last_end_mono: float | None = None
+        self._failed = False
+
+    def _runtime(self) -> runtime.Runtime | None:
+        rt = runtime.current()
+        if rt is None or rt.closed or rt.source == "script" or self._failed:
+            return None
+        return rt
+
+    def pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            rt = self._runtime()
+            if rt is None or self._first_pre_mono is not None:
+                return None
+            # The first update of this attempt: faults due at its step fire now.
+            self._first_pre_mono = time.monotonic()
+            if rt.injector is not None:
+                rt.injector.on_step_start(optimizer_step(optimizer) + 1)
+        except Exception as exc:
+            self._give_up(exc)
+        return None
+
+    def post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            rt = self._runtime()
+            if rt is None:
+                return
+            lead = self._lead() if self._lead is not None else None
+            if lead is None:
+                self._lead = weakref.ref(optimizer)
+            elif lead is not optimizer:
+                return
+            end = time.monotonic()
+            start = self._last_end_mono if self._last_end_mono is not None else (self._first_pre_mono or end)
+            self._last_end_mono = end
+            self._counted += 1
+            step = optimizer_step(optimizer) or self._counted
+            rt.complete_step(step, end - start, source="optimizer", end_mono=end, phase="step")
+            if rt.injector is not None:
+                rt.injector.on_step_start(step + 1)
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        self._failed = True
+        log.warning("trainguard: automatic step counting failed (%s); it is off for this process", exc)
+
+
+def optimizer_step(optimizer: Any) -> int:
+    """The optimizer's own step count (``state[p]["step"]`` of its first parameter with state), else 0.
+
+    Only a Python number or a CPU tensor is read: reading a GPU tensor would synchronize the device.
+    """
+    try:
+        first = next(iter(optimizer.state.values()), None)
+    except Exception:
+        return 0
+    if not isinstance(first, dict):
+        return 0
+    value = first.get("step")
+    if isinstance(value, (int, float)):
+        return int(value)
+    device = getattr(value, "device", None)
+    if value is not None and getattr(device, "type", None) == "cpu" and value.numel() == 1:
+        return int(value.item())
+    return 0
+
+
+_steps: OptimizerSteps | None = None
+_handles: list[Any] = []
+
+
+def steps() -> OptimizerSteps | None:
+    """The process's step clock, once the optimizer hooks are installed."""
+    return _steps
+
+
+def install_optimizer_hooks(optim_module: ModuleType) -> bool:
+    """Register the global optimizer hooks (once); False when this torch has no such API."""
+    global _steps
+    if _steps is not None:
+        return True
+    optimizer = getattr(optim_module, "optimizer", None) or sys.modules.get("torch.optim.optimizer")
+    register_pre = getattr(optimizer, "register_optimizer_step_pre_hook", None)
+    register_post = getattr(optimizer, "register_optimizer_step_post_hook", None)
+    if register_pre is None or register_post is None:
+        log.warning("trainguard: this torch has no global optimizer hooks; no automatic step counting")
+        return False
+    clock = OptimizerSteps()
+    _handles.append(register_pre(clock.pre_hook))
+    _handles.append(register_post(clock.post_hook))
+    _steps = clock
+    return True
+
+
+def on_import(name: str, module: ModuleType) -> None:
+    """Called by the bootstrap right after the script imported ``torch.optim`` or ``torch.distributed``."""
+    try:
+        rt = runtime.acquire()
+        if name == "torch.optim":
+            install_optimizer_hooks(module)
+        # The control thread starts now rather than once a process group exists: a rank stuck in
+        # rendezvous or init_process_group can then still answer with its stacks.
+        rt.start_control()
+        rt.start_background()
+    except Exception as exc:  # instrumentation must never break the script's import of torch
+        log.warning("trainguard: automatic instrumentation off (%s)", exc)
+
+
+def uninstall() -> None:
+    """Remove the global optimizer hooks (tests, and anyone embedding trainguard in a long-lived process)."""
+    global _steps
+    while _handles:
+        _handles.pop().remove()
+    _steps = None

@@ -1,0 +1,129 @@
+"""Automatic instrumentation's entry point: the folder the agent puts on ``PYTHONPATH``, and a post-import hook.
+
+The folder (`site_dir`) holds a ``sitecustomize.py`` that Python's ``site`` module runs at start-up. When
+``TRAINGUARD_AUTO=1`` and ``TRAINGUARD_AGENT_PID`` are set it loads this file and calls `install`, which
+puts a finder at the front of ``sys.meta_path``. The finder does nothing until the script imports
+``torch.optim`` or ``torch.distributed``; then it lets the normal loader run that module and calls
+`trainguard.worker.autohooks.on_import` right after. So a script that never imports torch pays only for
+reading two small files, and torch is never imported by trainguard.
+
+This module must stay cheap and self-contained: at start-up it is loaded by path (not as
+``trainguard.worker.bootstrap``, which would import the ``trainguard`` package, ~50 ms) and it may
+import nothing beyond what the interpreter has already loaded (``sys``, ``os``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing alone costs more than all of start-up here
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+    from typing import Any
+
+WATCHED = ("torch.optim", "torch.distributed")
+"""Modules after whose import the automatic hooks are installed."""
+OWNER_ENV = "TRAINGUARD_AUTO_OWNER_PID"
+"""Set by the first instrumented process to its pid: processes it starts (data loader workers,
+compile workers, checkpoint writers) inherit the environment but are not ranks, and stay untouched."""
+MARKER = "_trainguard_post_import"
+
+
+def site_dir() -> Path:
+    """The folder to prefix to a worker's ``PYTHONPATH`` for automatic instrumentation."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "_site"
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process should be instrumented: the agent asked for it and this is the rank itself."""
+    env = os.environ if environ is None else environ
+    if env.get("TRAINGUARD_AUTO") != "1" or not env.get("TRAINGUARD_AGENT_PID", "").isdigit():
+        return False
+    owner = env.get(OWNER_ENV, "")
+    return owner in ("", str(os.getpid()))
+
+
+class _PostImportLoader:
+    """Runs the real loader, puts it back in the module's spec, then calls the hook."""
+
+    def __init__(self, loader: Any, hook: Callable[[str, Any], None]) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        # After the import nothing shows the wrapper: inspect, linecache and reload see the real loader.
+        module.__loader__ = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.loader = self._loader
+        # The script's import must succeed whatever the hook does (contextlib is not loaded at start-up).
+        try:  # noqa: SIM105
+            self._hook(module.__name__, module)
+        except Exception:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class PostImportFinder:
+    """A ``sys.meta_path`` finder that calls ``hook(name, module)`` after each watched module executes."""
+
+    _trainguard_post_import = True
+
+    def __init__(self, names: tuple[str, ...], hook: Callable[[str, Any], None]) -> None:
+        self._names = frozenset(names)
+        self._hook = hook
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self._names or fullname in self._busy:
+            return None
+        self._busy.add(fullname)  # the other finders may recurse into the import system
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PostImportLoader(spec.loader, self._hook)
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _run_autohooks(name: str, module: Any) -> None:
+    from trainguard.worker import autohooks
+
+    autohooks.on_import(name, module)
+
+
+def install(environ: Mapping[str, str] | None = None,
+            hook: Callable[[str, Any], None] | None = None) -> bool:
+    """Install the post-import finder if this process should be instrumented (idempotent)."""
+    if not enabled(environ):
+        return False
+    if any(getattr(f, MARKER, False) for f in sys.meta_path):
+        return True
+    if environ is None:
+        os.environ.setdefault(OWNER_ENV, str(os.getpid()))
+    sys.meta_path.insert(0, PostImportFinder(WATCHED, hook or _run_autohooks))
+    return True

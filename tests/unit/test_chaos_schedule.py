@@ -1,0 +1,31 @@
+"""Checking a fault schedule before launch: ranks that do not exist, kinds the automatic hooks cannot fire."""
+
+from __future__ import annotations
+
+from trainguard import chaos
+
+
+def test_a_good_schedule_has_no_problems() -> None:
+    faults = chaos.parse_spec("crash@step=3,rank=1;hang@step=5,rank=3;slow@step=1,factor=2;desync@step=4;"
+                              "exit@step=2,code=3;unhealthy@node=n1")
+    assert chaos.check_schedule(faults, world_size_max=4, auto_instrument=True) == []
+
+
+def test_a_rank_beyond_the_world_is_named() -> None:
+    problems = chaos.check_schedule(chaos.parse_spec("crash@step=3,rank=4"), world_size_max=4, auto_instrument=False)
+    assert len(problems) == 1 and "rank 4 does not exist" in problems[0] and "at most 4 ranks" in problems[0]
+
+
+def test_hang_in_collective_needs_attach_under_automatic_hooks_only() -> None:
+    faults = chaos.parse_spec("hang-in-collective@step=2,rank=1")
+    problems = chaos.check_schedule(faults, world_size_max=2, auto_instrument=True)
+    assert len(problems) == 1 and "trainguard.attach()" in problems[0]
+    assert chaos.check_schedule(faults, world_size_max=2, auto_instrument=False) == []
+
+
+def test_hang_in_collective_without_its_group_does_not_fire(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fired: list[int] = []
+    injector = chaos.Injector(chaos.parse_spec("hang-in-collective@step=1"), rank=0, attempt=0, marker_dir=tmp_path,
+                              record=lambda f, s: fired.append(s))
+    injector.on_step_start(1)  # would block forever if it fired
+    assert fired == [] and not (tmp_path / "fired-0").exists()
