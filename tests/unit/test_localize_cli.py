@@ -15,7 +15,7 @@ from trainguard.rundir import RunDir
 
 TOP_KEYS = {"verdict", "process_group", "collective_seq", "op", "culprit_ranks", "culprit_hosts", "explanation",
             "problems", "warnings", "ranks_analyzed", "missing_ranks", "backend", "format_versions", "path",
-            "seconds"}
+            "seconds", "unreadable_ranks"}
 PROBLEM_KEYS = {"verdict", "process_group", "process_group_desc", "group_ranks", "collective_seq", "op",
                 "culprit_ranks", "culprit_hosts", "waiting_ranks", "consequence_ranks", "explanation",
                 "confidence", "blocked_by", "evidence", "evidence_files"}

@@ -24,9 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import Progress, print_json
     from trainguard.localize import diagnose_path, load_rank_map, render_text
+    from trainguard.localize.reader import MAX_RANK
 
-    if args.world_size < 0 or args.world_size > 10_000_000:
-        raise UsageError(f"--world-size must be between 0 and 10000000, not {args.world_size}")
+    if args.world_size < 0 or args.world_size > MAX_RANK + 1:
+        raise UsageError(f"--world-size must be between 0 and {MAX_RANK + 1}, not {args.world_size}")
     hosts = load_rank_map(args.rank_map) if args.rank_map else None
     bars: list[Progress] = []
 
@@ -44,4 +45,5 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         print(render_text(report, verbose=args.verbose_evidence))
+    # "incomplete" (a rank could not be read) is never success: health was not established
     return EXIT_OK if report.verdict == "healthy" else EXIT_FAILURE

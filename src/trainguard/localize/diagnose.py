@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import re
 import time
 from collections import Counter
@@ -13,35 +14,47 @@ from pathlib import Path
 
 from trainguard.errors import InputError, TrainguardError
 from trainguard.localize.match import Matcher
-from trainguard.localize.model import FileWarning, LocalizationReport
-from trainguard.localize.reader import Dump, DumpError, find_dump_files, rank_from_name, read_dump
+from trainguard.localize.model import FileWarning, LocalizationReport, Problem
+from trainguard.localize.reader import (
+    MAX_RANK,
+    Dump,
+    DumpError,
+    check_rank,
+    find_dump_files,
+    rank_from_name,
+    read_dump,
+    read_regular_file,
+)
 from trainguard.localize.verdicts import Context, group_problems, order_problems
 
 log = logging.getLogger(__name__)
 
 _ATTEMPT = re.compile(r"^attempt-(\d+)$")
 _MAX_RANK_WARNINGS = 20
+_MAX_RANK_MAP_BYTES = 64 * 1024**2
+_EVIDENCE_TAIL_BYTES = 64 * 1024
+"""Only the end of a stacks / log-tail file is read: its last lines are what the report shows."""
 
 
 def load_rank_map(path: str | Path) -> dict[int, str]:
     """A rank-map file: JSON ``{"0": "host-a", "1": "host-a", ...}``. Raises `InputError` when bad."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read rank map: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p}: rank map is not JSON ({exc})") from None
+        data = json.loads(read_regular_file(p, _MAX_RANK_MAP_BYTES))
+    except DumpError as exc:
+        raise InputError(f"{p}: cannot read rank map: {exc}") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise InputError(f"{p}: rank map is not JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise InputError(f"{p}: rank map must be a JSON object {{rank: host}}")
     out: dict[int, str] = {}
     for k, v in data.items():
         try:
-            rank = int(k)
+            rank = int(k) if len(k) <= 20 else -1
         except ValueError:
-            raise InputError(f"{p}: rank map key {k!r} is not a rank number") from None
-        if not isinstance(v, str) or rank < 0:
-            raise InputError(f"{p}: rank map entry {k!r} must map a rank >= 0 to a host name")
+            raise InputError(f"{p}: rank map key {k[:40]!r} is not a rank number") from None
+        if not isinstance(v, str) or not 0 <= rank <= MAX_RANK:
+            raise InputError(f"{p}: rank map entry {k[:40]!r} must map a rank from 0 to {MAX_RANK} to a host name")
         out[rank] = v
     return out
 
@@ -52,7 +65,7 @@ def _run_root(p: Path) -> tuple[Path | None, int | None, Path]:
         diag = p / "diagnostics"
         attempts = sorted(
             (int(m.group(1)), d) for d in (diag.iterdir() if diag.is_dir() else [])
-            if d.is_dir() and (m := _ATTEMPT.match(d.name))
+            if not d.is_symlink() and d.is_dir() and (m := _ATTEMPT.match(d.name))
         )
         for k, d in reversed(attempts):
             if find_dump_files(d):
@@ -81,8 +94,13 @@ def _from_events(root: Path, attempt: int | None, warnings: list[FileWarning]) -
         rank = getattr(rec, "rank", None)
         rec_attempt = getattr(rec, "attempt", None)
         if rec.TYPE == "attempt_started" and rec_attempt == attempt:
-            world = max(world, int(getattr(rec, "world_size", 0) or 0))
-        if isinstance(rank, int) and rec.host:
+            claimed = getattr(rec, "world_size", 0)
+            if isinstance(claimed, int) and 0 < claimed <= MAX_RANK + 1:
+                world = max(world, claimed)
+            elif claimed:
+                warnings.append(FileWarning(str(root / "events"), f"world size {claimed} of attempt {attempt} "
+                                            f"ignored (above {MAX_RANK + 1})"))
+        if isinstance(rank, int) and 0 <= rank <= MAX_RANK and rec.host:
             (hosts if attempt is None or rec_attempt == attempt else other)[rank] = rec.host
     return {**other, **hosts}, world
 
@@ -94,13 +112,17 @@ def _evidence_files(directory: Path | None) -> Callable[[int], tuple[str, ...]]:
         out = []
         for name in (f"stacks_rank_{rank}.txt", f"log_tail_rank_{rank}.txt"):
             p = directory / name
-            if p.is_file():
-                try:
-                    lines = [ln.strip() for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
-                except OSError:
-                    lines = []
-                tail = " | ".join(lines[-3:])
-                out.append(f"{p}: {tail}" if tail else str(p))
+            if not os.path.lexists(p):
+                continue
+            try:
+                # never through a link (it could point anywhere), never blocking on a FIFO
+                text = read_regular_file(p, _EVIDENCE_TAIL_BYTES, tail=True).decode(errors="replace")
+            except DumpError as exc:
+                out.append(f"{p}: not read ({exc})")
+                continue
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            tail = " | ".join(lines[-3:])
+            out.append(f"{p}: {tail}" if tail else str(p))
         return tuple(out)
 
     return find
@@ -150,8 +172,13 @@ def _analyze(
             continue
         for note in d.fmt.notes:
             warnings.append(FileWarning(d.path.name, note))
+        try:
+            matcher.add(d)
+        except DumpError as exc:  # wrong-typed fields: the rank is unreadable, the rest is analysed
+            warnings.append(FileWarning(d.path.name, str(exc), d.rank))
+            del d
+            continue
         versions[d.rank] = (d.fmt.version, d.path.name)
-        matcher.add(d)
         del d  # free this dump before the next one is read: one dump in memory at a time
     matcher.finish()
     if not matcher.ranks:
@@ -165,14 +192,19 @@ def _analyze(
             if v != common:
                 warnings.append(FileWarning(name, f"rank {rank} wrote format {v or '?'} but most ranks "
                                                   f"wrote {common}: mixed torch versions; analysed anyway"))
-    hosts = dict(rank_hosts or {})
-    unreadable_all = {w.rank for w in warnings if w.rank is not None}
-    world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable_all) + 1)) | set(hosts)
-             | set(range(world_size)))
+    # Ranks are capped at MAX_RANK wherever they come from, so the expected world stays bounded.
+    hosts = {r: h for r, h in (rank_hosts or {}).items() if 0 <= r <= MAX_RANK}
+    if world_size > MAX_RANK + 1:
+        warnings.append(FileWarning("world size", f"{world_size} ignored (above {MAX_RANK + 1})"))
+        world_size = 0
     unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
+    world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable) + 1)) | set(hosts)
+             | set(range(world_size)))
     ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable, hosts=hosts,
                   evidence_files=_evidence_files(directory))
     problems = order_problems(group_problems(matcher, ctx))
+    if not problems and unreadable:
+        problems = [_incomplete(sorted(unreadable), warnings, hosts)]
     missing = sorted(world - matcher.ranks)
     for r in [r for r in missing if r not in unreadable][:_MAX_RANK_WARNINGS]:
         warnings.append(FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
@@ -183,12 +215,16 @@ def _analyze(
         "mixed" if matcher.backends else "unknown")
     if problems:
         top = problems[0]
+        text = top.explanation
+        if unreadable and "could not be read" not in text:
+            text += f" {_unreadable_sentence(sorted(unreadable))}"
         report = LocalizationReport(
-            verdict=top.verdict, process_group=top.process_group, collective_seq=top.collective_seq,
-            op=top.op, culprit_ranks=top.culprit_ranks, culprit_hosts=top.culprit_hosts,
-            explanation=top.explanation, problems=tuple(problems), warnings=tuple(warnings),
+            verdict=top.verdict, process_group=top.process_group or None, collective_seq=top.collective_seq,
+            op=top.op or None, culprit_ranks=top.culprit_ranks, culprit_hosts=top.culprit_hosts,
+            explanation=text, problems=tuple(problems), warnings=tuple(warnings),
             ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
             format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+            unreadable_ranks=tuple(sorted(unreadable)),
         )
     else:
         ngroups = len(matcher.groups)
@@ -201,6 +237,32 @@ def _analyze(
             format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
         )
     return report
+
+
+def _unreadable_sentence(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return (f"Rank{'s' if len(ranks) > 1 else ''} {shown} could not be read (unreadable dump, see the "
+            "warnings): state unknown.")
+
+
+def _incomplete(ranks: list[int], warnings: list[FileWarning], hosts: dict[int, str]) -> Problem:
+    """No problem among the readable dumps, but some ranks are unknown: health is not established."""
+    reasons = [f"{w.file}: {w.message}" for w in warnings if w.rank in ranks][:2]
+    text = (f"The readable dumps show no problem, but {_unreadable_sentence(ranks)[:-len(' state unknown.')]} "
+            f"({'; '.join(reasons)}). Whether the job is healthy cannot be told: "
+            f"{'those ranks are' if len(ranks) > 1 else 'that rank is'} the suspect"
+            f"{'s' if len(ranks) > 1 else ''}; check {'their' if len(ranks) > 1 else 'its'} logs and stacks, or "
+            "gather the dumps again.")
+    culprit_hosts: list[str] = []
+    for r in ranks:
+        h = hosts.get(r)
+        if h and h not in culprit_hosts:
+            culprit_hosts.append(h)
+    return Problem(
+        verdict="incomplete", process_group="", process_group_desc="", group_ranks=(), collective_seq=None,
+        op="", culprit_ranks=tuple(ranks), culprit_hosts=tuple(culprit_hosts), waiting_ranks=(),
+        consequence_ranks=(), explanation=text, confidence=0.5,
+    )
 
 
 def _read_all(files: dict[int, list[Path]], progress: Callable[[int, int], None] | None,
@@ -240,23 +302,30 @@ def diagnose_path(
     come from ``rank_hosts``, else from the run's events. Raises `InputError` when nothing is readable.
     """
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         raise InputError(f"{p}: no such file or directory")
     warnings: list[FileWarning] = []
-    if p.is_file():
+    if not p.is_dir():
         rank = rank_from_name(p.name)
         if rank is None:
             raise InputError(f"{p}: no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
+        try:
+            check_rank(rank, "the file name")
+        except DumpError as exc:
+            raise InputError(f"{p}: {exc}") from None
         files, directory, root, attempt = {rank: [p]}, p.parent, None, None
     else:
         root, attempt, directory = _run_root(p)
+        refused: list[tuple[str, str]] = []
         try:
-            files = find_dump_files(directory)
+            files = find_dump_files(directory, refused)
         except OSError as exc:
             raise InputError(f"{directory}: cannot list: {exc.strerror or exc}") from None
+        warnings.extend(FileWarning(name, reason) for name, reason in refused[:_MAX_RANK_WARNINGS])
         if not files:
+            why = f" ({refused[0][0]}: {refused[0][1]})" if refused else ""
             raise InputError(f"{directory}: no flight-recorder dumps (expected files named <prefix><rank>, "
-                             "e.g. fr_trace_rank_0.pkl)")
+                             f"e.g. fr_trace_rank_0.pkl){why}")
     hosts: dict[int, str] = {}
     if root is not None:
         hosts, events_world = _from_events(root, attempt, warnings)

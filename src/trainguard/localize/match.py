@@ -16,7 +16,6 @@ its first divergence and newest sequence number stay, so memory stays bounded.
 
 from __future__ import annotations
 
-import ast
 import logging
 import operator
 import re
@@ -24,8 +23,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.localize.fields import check_entry
 from trainguard.localize.model import EntryView, RankGroupState
-from trainguard.localize.reader import Dump
+from trainguard.localize.reader import MAX_RANK, Dump
 
 log = logging.getLogger(__name__)
 
@@ -194,28 +194,43 @@ def _name_info(profiling_name: str) -> tuple[str, bool, bool, bool]:
     return (op, op in _RANK_DEPENDENT_SIZES, profiling_name.startswith("gloo:"), bool(_P2P_NAME.match(op)))
 
 
+def _text(v: Any) -> str:
+    # entries are type-checked before they become evidence; this only keeps a miss harmless
+    if isinstance(v, str):
+        return v[:300]
+    return str(v) if isinstance(v, int) and -(10**18) < v < 10**18 else "?"
+
+
 def _frames(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list):
+    if not isinstance(raw, (list, tuple)):
         return ()
     out = []
     for f in raw[:MAX_FRAMES]:
         if isinstance(f, dict):
             # interned: thousands of ranks share the same frames
-            out.append(sys.intern(f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"))
+            out.append(sys.intern(f"{_text(f.get('name', '?'))} ({_text(f.get('filename', '?'))}:"
+                                  f"{_text(f.get('line', '?'))})"))
     return tuple(out)
 
 
+_RANK_LIST = re.compile(r"\s*\[\s*(?:\d{1,7}\s*(?:,\s*\d{1,7}\s*)*,?\s*)?\]\s*")
+
+
 def _parse_ranks(raw: Any) -> tuple[int, ...] | None:
-    if isinstance(raw, (list, tuple)):
+    """A group's member list from pg_config ('[0, 1]' or a list); None when absent, empty or implausible
+    (more than MAX_RANK + 1 members, a member above MAX_RANK, anything but rank numbers)."""
+    if isinstance(raw, str):
+        if raw.count(",") > MAX_RANK or not _RANK_LIST.fullmatch(raw):
+            return None
+        body = raw.strip()[1:-1].strip().rstrip(",")
+        vals: Any = [int(v) for v in body.split(",")] if body else []
+    elif isinstance(raw, (list, tuple)):
         vals = raw
-    elif isinstance(raw, str):
-        try:
-            vals = ast.literal_eval(raw.strip() or "[]")
-        except (ValueError, SyntaxError):
+        if len(vals) > MAX_RANK + 1:
             return None
     else:
         return None
-    if not isinstance(vals, (list, tuple)) or not all(isinstance(v, int) for v in vals):
+    if not all(v.__class__ is int and 0 <= v <= MAX_RANK for v in vals):
         return None
     return tuple(vals) or None
 
@@ -293,6 +308,29 @@ class Matcher:
     def add(self, dump: Dump) -> None:
         """Match one rank's entries against what was read before; the dump can be dropped afterwards."""
         rank = dump.rank
+        entries = dump.entries
+        fast = dump.fmt.seq_key == "collective_seq_id" and bool(entries)
+        template: _Template | None = None
+        if fast:
+            try:
+                for t in self._templates:
+                    # Compared entry by entry as the relative trace is built: no list of the rank's own
+                    # signatures is made (or freed) when it equals a template, which is the common case.
+                    tsigs = t.sigs
+                    if (tsigs is not None and len(tsigs) == len(entries)
+                            and all(map(operator.eq, map(_FAST_GET, entries), tsigs))):
+                        template = t
+                        break
+            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
+                fast = False
+        # Type checks come before any state changes, so a refused dump leaves no trace: equality with a
+        # checked template covers the compared fields; what a clone turns into evidence is checked here.
+        if template is None or not self._check_clone(rank, entries, template):
+            template = None
+            checked: set[int] = set()
+            for i, e in enumerate(entries):
+                if e.__class__ is dict:
+                    check_entry(e, i, checked)
         self.ranks.add(rank)
         self.versions[dump.fmt.version] = self.versions.get(dump.fmt.version, 0) + 1
         if dump.pg_config and not self._config_read:
@@ -306,27 +344,14 @@ class Matcher:
                 g = self._group(str(key), str(cfg.get("desc", "")))
                 if ranks and g.config_ranks is None:
                     g.config_ranks = ranks
-        entries = dump.entries
         for e in entries[:1]:
-            prof = str(e.get("profiling_name", "")) if isinstance(e, dict) else ""
-            if ":" in prof:
+            prof = e.get("profiling_name") if isinstance(e, dict) else None
+            if isinstance(prof, str) and ":" in prof:
                 self.backends.add(prof.split(":", 1)[0])
-        fast = dump.fmt.seq_key == "collective_seq_id" and bool(entries)
         touched = None
-        if fast:
-            try:
-                for t in self._templates:
-                    # Compared entry by entry as the relative trace is built: no list of the rank's own
-                    # signatures is made (or freed) when it equals a template, which is the common case.
-                    tsigs = t.sigs
-                    if (tsigs is not None and len(tsigs) == len(entries)
-                            and all(map(operator.eq, map(_FAST_GET, entries), tsigs))):
-                        touched = self._clone(rank, entries, dump.pg_config, t)
-                        if touched is not None:
-                            self.fast_ranks += 1
-                            break
-            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
-                fast = False
+        if template is not None:
+            touched = self._clone(rank, entries, dump.pg_config, template)
+            self.fast_ranks += touched is not None
         if touched is None:
             sigs: list[tuple[Any, ...]] | None = None
             if fast:
@@ -342,6 +367,23 @@ class Matcher:
             seen = self._seen[g.name] = self._seen.get(g.name, 0) + 1
             if g.config_ranks and not g.finalized and seen >= len(g.config_ranks):
                 self._finalize(g)
+
+    def _check_clone(self, rank: int, entries: list[dict[str, Any]], t: _Template) -> bool:
+        """Whether the rank can be recorded as a clone of ``t``; type-checks the entries that would become
+        its evidence (raises `DumpError`). False: take the slow path (which checks every entry)."""
+        seen: set[int] = set()
+        for slot in t.slots.values():
+            pos = [slot.first_pos, *([slot.last_pos] if slot.last_pos >= 0 else []),
+                   *(p for p, _, _ in slot.active)]
+            for p in pos:
+                check_entry(entries[p], p, seen)
+            pg = entries[slot.first_pos].get("process_group")
+            if not isinstance(pg, (list, tuple)) or not pg:
+                return False
+            g = self.groups.get(str(pg[0]))
+            if g is not None and rank in g.ranks:
+                return False  # the same rank twice in one group: let the slow path sort it out
+        return True
 
     def _clone(self, rank: int, entries: list[dict[str, Any]], pg_config: dict[str, Any],
                t: _Template) -> list[GroupAcc] | None:

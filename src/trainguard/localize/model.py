@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("healthy", "hang", "desync", "mismatch", "crash", "p2p-hang")
+VERDICTS = ("healthy", "hang", "desync", "mismatch", "crash", "p2p-hang", "incomplete")
 """Every verdict a report can carry (see docs/localize.md)."""
 
 
@@ -149,6 +149,8 @@ class LocalizationReport:
     path: str = ""
     seconds: float = 0.0
     """Time the analysis took."""
+    unreadable_ranks: tuple[int, ...] = ()
+    """Ranks with a file that could not be read (damaged, refused, a link): state unknown, never healthy."""
 
     @property
     def ok(self) -> bool:
@@ -167,6 +169,7 @@ class LocalizationReport:
             "warnings": [w.to_json() for w in self.warnings],
             "ranks_analyzed": len(self.ranks_analyzed),
             "missing_ranks": list(self.missing_ranks),
+            "unreadable_ranks": list(self.unreadable_ranks),
             "backend": self.backend,
             "format_versions": list(self.format_versions),
             "path": self.path,

@@ -6,11 +6,14 @@ torch; a pickle may only build plain containers and scalars, so a hostile file c
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
+import os
 import pickle
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,18 @@ log = logging.getLogger(__name__)
 # <prefix><rank>[.pkl|.pickle|.json]: torch names automatic dumps <TORCH_FR_DUMP_TEMP_FILE><rank>.
 _RANK_FILE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<ext>\.(?:pkl|pickle|json))?$")
 _SKIP_PREFIXES = ("stacks_rank_", "log_tail_rank_", "rank-", "error")
-MAX_DUMP_BYTES = 2 * 1024**3
-"""Refuse single files above this size instead of exhausting memory."""
+
+MAX_RANK = 2**20 - 1
+"""Highest rank accepted anywhere (file names, rank maps, group members, world sizes up to MAX_RANK + 1).
+Ranks are expected ranks: memory grows with them, so a number an input merely claims is capped."""
+MAX_DUMP_BYTES = 64 * 1024**2
+"""Refuse single files above this size: torch's 2,000-entry dump is ~0.3 MB, 100,000 entries ~16 MB."""
+MAX_ENTRIES = 100_000
+"""Entries analysed per dump (the recorder keeps 2,000 by default); older ones beyond it are dropped."""
+MAX_OBJECT_BYTES = 1024**3
+"""Upper bound, estimated from the bytes before decoding, of the memory one dump may build."""
+MAX_FIELD_INT = 2**63
+"""Integers in a dump (sequence numbers, times, sizes) are int64 in torch; anything beyond is damage."""
 
 NEWEST_KNOWN = (2, 10)
 """Newest dump format this reader knows (torch 2.13 writes '2.10')."""
@@ -42,16 +55,123 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refused: the pickle uses persistent ids (not plain data)")
 
 
+# Opcodes with a fixed-size argument, matched in runs by one regular expression (C speed): the
+# Python loop below only steps over variable-length ones. LONG_BINPUT ('r') is in a run only when its
+# memo index is below 2**20: the C unpickler sizes its memo array to twice the largest index it is
+# given, so 9 bytes asking for index 10**8 would allocate 1.6 GB.
+def _short_payloads() -> bytes:
+    """Regex alternatives for opcodes whose payload length is short and spelled in the opcode's argument:
+    ints of up to 16 bytes (LONG1) and strings of up to 32 (every time stamp and most names), so the
+    run does not stop at each of them."""
+    alts = [rb"\x8a(?:" + b"|".join(re.escape(bytes([k])) + rb"[\x00-\xff]{%d}" % k for k in range(17)) + b")"]
+    for op in (b"\x8c", b"C", b"U"):  # one length byte
+        alts.append(op + b"(?:" + b"|".join(re.escape(bytes([k])) + rb"[\x00-\xff]{%d}" % k
+                                            for k in range(33)) + b")")
+    for op in (b"X", b"B", b"T"):  # four length bytes
+        alts.append(op + b"(?:" + b"|".join(re.escape(bytes([k])) + rb"\x00\x00\x00[\x00-\xff]{%d}" % k
+                                            for k in range(33)) + b")")
+    return b"|".join(alts)
+
+
+_FIXED_RUN = re.compile(
+    rb"(?:[Khq\x80\x82][\x00-\xff]|[()0-2NRbd}ael\]ostu\x81\x85-\x89\x8f-\x94\x97\x98Q]"
+    rb"|[M\x83][\x00-\xff]{2}|[Jj\x84][\x00-\xff]{4}"
+    rb"|r[\x00-\xff]{2}[\x00-\x0f]\x00|[G\x95][\x00-\xff]{8}|" + _short_payloads() + rb")++",
+    re.DOTALL,  # possessive: no backtracking state is kept per opcode
+)
+_LEN1 = frozenset(b"UC\x8c\x8a")  # one length byte, then the payload
+_LEN4 = frozenset(b"TXB\x8b")  # four length bytes
+_LEN8 = frozenset(b"\x8d\x8e\x96")  # eight length bytes
+_TEXT1 = frozenset(b"ILFSVPgp")  # an argument line ending in a newline
+_TEXT2 = frozenset(b"ci")  # two lines (module, name): refused later by find_class, but scanned here
+_MEMO_SLACK = 1 << 20
+# Bytes that make the unpickler build a container, with what one costs at most (a set is 216 bytes
+# empty; a mark can end in a frozenset). Every other byte builds at most ~32 bytes (a reference, an
+# int, a short string): see _estimate_bytes.
+_HEAVY = b"(\x8f\x91"
+_LIGHT = b"}]\x85\x86\x87"
+
+
+def _scan_pickle(data: bytes) -> None:
+    """Walk the opcodes without building anything; refuse memo indexes a pickle of this size cannot need.
+
+    A genuine pickle numbers memo slots densely, so an index beyond the number of bytes is damage or an
+    attack. Raises `DumpError`; the C unpickler reports every other problem itself.
+    """
+    n = len(data)
+    limit = max(n, _MEMO_SLACK)
+    run = _FIXED_RUN.match
+    pos = 0
+    while pos < n:
+        m = run(data, pos)
+        if m is not None:
+            pos = m.end()
+            if pos >= n:
+                break
+        op = data[pos]
+        if op == 0x2E:  # STOP: the unpickler ignores what follows
+            return
+        if op in _LEN1:
+            if pos + 1 >= n:
+                break
+            pos += 2 + data[pos + 1]
+        elif op in _LEN4:
+            size = int.from_bytes(data[pos + 1:pos + 5], "little", signed=op == 0x8B)
+            if size < 0:
+                raise DumpError(f"damaged pickle: negative length at byte {pos}")
+            pos += 5 + size
+        elif op in _LEN8:
+            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+        elif op == 0x72:  # LONG_BINPUT with an index of 2**20 or more
+            idx = int.from_bytes(data[pos + 1:pos + 5], "little")
+            if idx >= limit:
+                raise DumpError(f"refused: pickle memo index {idx} at byte {pos} is impossible in a file of "
+                                f"{n} bytes (it would allocate gigabytes)")
+            pos += 5
+        elif op in _TEXT1 or op in _TEXT2:
+            end = data.find(b"\n", pos + 1)
+            if op in _TEXT2 and end >= 0:
+                end = data.find(b"\n", end + 1)
+            if end < 0:
+                break
+            if op == 0x70:  # PUT <decimal index>
+                arg = data[pos + 1:end]
+                if len(arg) > 18 or not arg.isdigit() or int(arg) >= limit:
+                    raise DumpError(f"refused: pickle memo index {arg[:20]!r} at byte {pos} is impossible "
+                                    f"in a file of {n} bytes")
+            pos = end + 1
+        else:
+            raise DumpError(f"damaged pickle: unknown opcode 0x{op:02x} at byte {pos}")
+    raise DumpError("damaged or truncated pickle (no STOP opcode)")
+
+
+def _estimate_bytes(data: bytes, heavy: bytes, light: bytes) -> int:
+    """Upper bound of the memory decoding ``data`` can build, counted in two passes over the bytes."""
+    n = len(data)
+    n_heavy = n - len(data.translate(None, heavy))
+    n_light = n - len(data.translate(None, light))
+    return 32 * n + 240 * n_heavy + 80 * n_light
+
+
+def _check_budget(data: bytes, heavy: bytes, light: bytes) -> None:
+    est = _estimate_bytes(data, heavy, light)
+    if est > MAX_OBJECT_BYTES:
+        raise DumpError(f"refused: decoding could build up to {est // 1024**2} MB of objects "
+                        f"(limit {MAX_OBJECT_BYTES // 1024**2} MB); no real dump needs that")
+
+
 def safe_unpickle(data: bytes) -> Any:
-    """Unpickle plain data only. Raises `DumpError` for anything else or for a damaged pickle."""
+    """Unpickle plain data only, within `MAX_OBJECT_BYTES`. Raises `DumpError` for anything else."""
+    _check_budget(data, _HEAVY, _LIGHT)
+    _scan_pickle(data)
     try:
         # BufferedReader has peek(): the C unpickler then reads ahead in large chunks instead of
         # calling read() per opcode, which makes it as fast as pickle.loads.
         return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data))).load()
     except pickle.UnpicklingError as exc:
-        raise DumpError(str(exc)) from None
-    except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
-        raise DumpError(f"damaged or truncated pickle ({exc.__class__.__name__}: {exc})") from None
+        raise DumpError(str(exc)[:300]) from None
+    except Exception as exc:  # nothing but plain data can be built: any error means damage
+        raise DumpError(f"damaged or truncated pickle ({exc.__class__.__name__}: {str(exc)[:200]})") from None
 
 
 def parse_version(raw: Any) -> tuple[int, int] | None:
@@ -102,20 +222,43 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group("rank")) if m else None
 
 
+def check_rank(rank: int, what: str) -> None:
+    """Refuse a rank above `MAX_RANK`: memory for expected ranks must not follow a number a file claims."""
+    if rank > MAX_RANK:
+        raise DumpError(f"rank {rank} in {what} is above {MAX_RANK}, the highest rank supported; not a dump of "
+                        "this job")
+
+
 def _as_int(value: Any, default: int = -1) -> int:
-    try:
+    """An int64 from an int or its decimal string (the JSON form); ``default`` for anything else."""
+    if isinstance(value, str) and 0 < len(value) <= 20:
+        try:
+            value = int(value)
+        except ValueError:
+            return default
+    if isinstance(value, int) and -MAX_FIELD_INT < value < MAX_FIELD_INT:
         return int(value)
-    except (TypeError, ValueError):
-        return default
+    return default
+
+
+def describe(value: Any) -> str:
+    """A short, safe description of a value from a file: never the repr of a huge or deeply nested one."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return str(value) if -MAX_FIELD_INT < value < MAX_FIELD_INT else "an integer out of range"
+    return f"a {type(value).__name__}"
 
 
 def _format_info(top: dict[str, Any], entries: list[Any], json_form: bool) -> FormatInfo:
     raw_version = top.get("version")
-    version = raw_version if isinstance(raw_version, str) else ""
+    version = raw_version[:32] if isinstance(raw_version, str) else ""
     parsed = parse_version(version)
     notes: list[str] = []
     if parsed is None:
-        notes.append(f"no usable format version ({raw_version!r}); fields detected by name")
+        notes.append(f"no usable format version ({describe(raw_version)}); fields detected by name")
     elif parsed > NEWEST_KNOWN:
         notes.append(
             f"format {version} is newer than the newest known ({NEWEST_KNOWN[0]}.{NEWEST_KNOWN[1]}); "
@@ -140,13 +283,44 @@ def _format_info(top: dict[str, Any], entries: list[Any], json_form: bool) -> Fo
     )
 
 
+def _group_key(key: Any) -> str | None:
+    """A process-group key as text: a string, or an int64 (the JSON form and old dumps); else None."""
+    if isinstance(key, str):
+        return key[:256]
+    if isinstance(key, int) and not isinstance(key, bool) and -MAX_FIELD_INT < key < MAX_FIELD_INT:
+        return str(key)
+    return None
+
+
 def _normalise_status(raw: Any) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     if not isinstance(raw, dict):
         return out
     for pg_id, st in raw.items():
-        if isinstance(st, dict):
-            out[str(pg_id)] = {str(k): _as_int(v) for k, v in st.items()}
+        key = _group_key(pg_id)
+        if key is not None and isinstance(st, dict):
+            out[key] = {k: _as_int(v) for k, v in st.items() if isinstance(k, str)}
+    return out
+
+
+def _normalise_config(raw: Any) -> dict[str, dict[str, Any]]:
+    """pg_config with text keys, names and descriptions; member lists stay raw (parsed lazily, bounded)."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, cfg in raw.items():
+        name = _group_key(key)
+        if name is None or not isinstance(cfg, dict):
+            continue
+        clean: dict[str, Any] = {}
+        for field_name in ("name", "desc"):
+            v = cfg.get(field_name)
+            if v is not None:
+                clean[field_name] = _group_key(v) or ""
+        ranks = cfg.get("ranks")
+        if isinstance(ranks, (str, list, tuple)):
+            clean["ranks"] = ranks
+        out[name] = clean
     return out
 
 
@@ -155,10 +329,11 @@ def decode_dump(data: bytes, rank: int, path: Path) -> Dump:
     stripped = data.lstrip()
     json_form = stripped[:1] == b"{"
     if json_form:
+        _check_budget(data, b"", b"[{")
         try:
             top = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DumpError(f"damaged or truncated JSON ({exc})") from None
+        except (UnicodeDecodeError, RecursionError, ValueError) as exc:  # ValueError: JSON errors, huge ints
+            raise DumpError(f"damaged or truncated JSON ({exc.__class__.__name__}: {str(exc)[:200]})") from None
     elif data[:1] == b"\x80":
         top = safe_unpickle(data)
     else:
@@ -167,19 +342,64 @@ def decode_dump(data: bytes, rank: int, path: Path) -> Dump:
         raise DumpError("not a flight-recorder dump (no 'version'/'entries' keys)")
     entries = top.get("entries", [])  # the JSON form omits 'entries' when there are none
     if not isinstance(entries, list):
-        raise DumpError("malformed dump: 'entries' is not a list")
+        raise DumpError(f"malformed dump: 'entries' is {describe(entries)}, not a list")
+    dropped = len(entries) - MAX_ENTRIES
+    if dropped > 0:
+        # the ring buffer is oldest first: the newest entries say where each rank is now
+        entries = entries[dropped:]
     fmt = _format_info(top, entries, json_form)
-    pg_config = top.get("pg_config")
+    if dropped > 0:
+        fmt = FormatInfo(fmt.version, fmt.seq_key, fmt.has_p2p_flag, fmt.has_dtypes, fmt.json_form,
+                         (*fmt.notes, f"{dropped + MAX_ENTRIES} entries (the recorder keeps 2,000 by default); "
+                                      f"only the newest {MAX_ENTRIES} are analysed"))
     lib = top.get("comm_lib_version", top.get("nccl_version", ""))  # renamed in format 2.9/2.10
     return Dump(
         rank=rank,
         path=path,
         fmt=fmt,
-        entries=entries,  # items that are not dicts are skipped by the matcher
-        pg_config=pg_config if isinstance(pg_config, dict) else {},
+        entries=entries,  # items that are not dicts are skipped by the matcher; fields checked there
+        pg_config=_normalise_config(top.get("pg_config")),
         pg_status=_normalise_status(top.get("pg_status")),
-        comm_lib_version=lib if isinstance(lib, str) else "",
+        comm_lib_version=lib[:64] if isinstance(lib, str) else "",
     )
+
+
+def read_regular_file(path: Path, limit: int, *, tail: bool = False) -> bytes:
+    """The bytes of a regular file, never through a symbolic link and never blocking on a FIFO.
+
+    At most ``limit`` bytes: a longer file raises `DumpError`, or with ``tail`` its last ``limit`` bytes
+    are returned. Raises `DumpError` with a one-line reason.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DumpError("refused: a symbolic link (evidence files are never followed)") from None
+        raise DumpError(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DumpError("refused: not a regular file (a FIFO, socket or device)")
+        size = st.st_size
+        if size > limit and not tail:
+            raise DumpError(f"file of {size} bytes is larger than any dump ({limit} bytes)")
+        if size == 0:
+            raise DumpError("empty file")
+        start = max(size - limit, 0)
+        chunks = []
+        want = min(size, limit)
+        while want > 0:  # a file that grows while being read is cut at its size when opened
+            chunk = os.pread(fd, min(want, 1 << 24), start)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            start += len(chunk)
+            want -= len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise DumpError(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def read_dump(path: Path, rank: int | None = None) -> Dump:
@@ -188,16 +408,8 @@ def read_dump(path: Path, rank: int | None = None) -> Dump:
         rank = rank_from_name(path.name)
         if rank is None:
             raise DumpError("no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
-    try:
-        size = path.stat().st_size
-        if size > MAX_DUMP_BYTES:
-            raise DumpError(f"file of {size} bytes is larger than any dump ({MAX_DUMP_BYTES} bytes)")
-        if size == 0:
-            raise DumpError("empty file")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror or exc}") from None
-    return decode_dump(data, rank, path)
+    check_rank(rank, "the file name")
+    return decode_dump(read_regular_file(path, MAX_DUMP_BYTES), rank, path)
 
 
 def _preference(p: Path) -> tuple[int, int, str]:
@@ -208,20 +420,31 @@ def _preference(p: Path) -> tuple[int, int, str]:
     return (traced, ext, p.name)
 
 
-def find_dump_files(directory: Path) -> dict[int, list[Path]]:
+def find_dump_files(directory: Path, refused: list[tuple[str, str]] | None = None) -> dict[int, list[Path]]:
     """Rank -> candidate dump files in ``directory``, best first.
 
     Several files can carry one rank's number (a pickle and its JSON twin, unrelated numbered files);
     the reader tries them in order: names that look like traces first, then pickles (they carry
-    frames), then files without suffix, then JSON.
+    frames), then files without suffix, then JSON. Links, FIFOs and other non-regular files are listed
+    too (the reader refuses them, so the rank counts as unreadable); directories are not. A name whose
+    rank is above `MAX_RANK` is left out and, when ``refused`` is given, appended to it with the reason.
     """
     found: dict[int, list[Path]] = {}
-    for p in sorted(directory.iterdir()):
-        if not p.is_file():
+    with os.scandir(directory) as it:
+        names = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
+    for name, is_dir in names:
+        if is_dir:
             continue
-        rank = rank_from_name(p.name)
-        if rank is not None:
-            found.setdefault(rank, []).append(p)
+        rank = rank_from_name(name)
+        if rank is None:
+            continue
+        try:
+            check_rank(rank, "the file name")
+        except DumpError as exc:
+            if refused is not None:
+                refused.append((name, str(exc)))
+            continue
+        found.setdefault(rank, []).append(directory / name)
     for paths in found.values():
         paths.sort(key=_preference)
     return found

@@ -45,6 +45,8 @@ def render_text(report: LocalizationReport, *, verbose: bool = False) -> str:
     if report.verdict != "healthy":
         out.append(f"where: group {report.process_group}, collective seq {report.collective_seq}, "
                    f"op {report.op}")
+    if report.unreadable_ranks:
+        out.append(f"unreadable ranks: {_ranks(report.unreadable_ranks)}   (state unknown; see the warnings)")
     out.append(report.explanation)
     out.append(f"({len(report.ranks_analyzed)} rank dumps, backend {report.backend}, format "
                f"{', '.join(report.format_versions) or '?'}, {report.seconds:.2f} s)")

@@ -11,7 +11,7 @@ from trainguard.localize.model import EntryView, Problem
 
 log = logging.getLogger(__name__)
 
-_PRIORITY = {"mismatch": 0, "desync": 1, "crash": 2, "hang": 3, "p2p-hang": 4}
+_PRIORITY = {"mismatch": 0, "desync": 1, "crash": 2, "hang": 3, "p2p-hang": 4, "incomplete": 5}
 _SHOW = 8  # ranks named in an explanation before "and N more"
 
 
@@ -135,6 +135,7 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
     behind = tuple(r for r in present if last[r] < top)
     op = waiting_views[0].op if waiting_views else (g.seqs[top].ref.view.op if top in g.seqs else "")
     label = _label(g)
+    unknown = [r for r in members if r in ctx.unreadable]
     if waiting:
         culprits = tuple(sorted(set(behind) | set(missing)))
         evidence: list[EntryView] = []
@@ -153,16 +154,31 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
                                    "It is the culprit: its stack shows what it does instead."))
             if missing:
                 text += f" Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump."
-            unknown = [r for r in members if r in ctx.unreadable]
             if unknown:
-                text += f" The dumps of {_names(unknown)} are unreadable: their state is unknown."
+                text += (f" Rank{'s' if len(unknown) > 1 else ''} {_names(unknown)} could not be read (unreadable "
+                         "dump): state unknown.")
             verdict, conf = "hang", 0.9
         elif missing:
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} wait in {op} "
                     f"(collective sequence number {top}) for rank{'s' if len(missing) > 1 else ''} "
                     f"{_names(missing)}, which left no dump: the process died (or was killed) before "
                     "it could be asked for one.")
+            if unknown:
+                text += (f" Rank{'s' if len(unknown) > 1 else ''} {_names(unknown)} could not be read (unreadable "
+                         "dump): state unknown.")
             verdict, conf = "crash", 0.9
+        elif unknown:
+            # Every readable member waits; only the unreadable ones can say whether they entered: an
+            # unreadable rank is unknown, never evidence that the collective is merely in flight.
+            culprits = tuple(unknown)
+            text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "
+                    f"(collective sequence number {top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
+                    f"the dump{'s' if len(unknown) > 1 else ''} of rank{'s' if len(unknown) > 1 else ''} "
+                    f"{_names(unknown)} could not be read, so whether {'they' if len(unknown) > 1 else 'it'} "
+                    f"entered it is unknown: {'they are' if len(unknown) > 1 else 'it is'} the suspect"
+                    f"{'s' if len(unknown) > 1 else ''}. Check {'their' if len(unknown) > 1 else 'its'} "
+                    "stacks and logs, or gather the dumps again.")
+            verdict, conf = "incomplete", 0.5
         else:
             started = [v.rank for v in waiting_views if v.state == "started"]
             sched = tuple(v.rank for v in waiting_views if v.state == "scheduled")
