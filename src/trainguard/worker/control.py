@@ -96,12 +96,12 @@ def dump_flight_recorder(with_stack_traces: bool = True) -> bytes | None:
         return None
 
 
-def write_evidence(directory: Path, rank: int) -> dict[str, Any]:
-    """Write ``stacks_rank_<r>.txt`` and ``fr_trace_rank_<r>.pkl`` into ``directory`` (see module doc)."""
+def write_evidence(directory: Path, rank: int, *, preface: str = "") -> dict[str, Any]:
+    """Write ``stacks_rank_<r>.txt`` (after ``preface``) and ``fr_trace_rank_<r>.pkl`` into ``directory``."""
     dfd = open_private_dir(directory)
     try:
         written: list[str] = []
-        write_file_at(dfd, stacks_name(rank), format_all_stacks().encode())
+        write_file_at(dfd, stacks_name(rank), (preface + format_all_stacks()).encode())
         written.append(stacks_name(rank))
         fr = dump_flight_recorder()
         if fr is not None:

@@ -13,17 +13,20 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+import traceback
 import weakref
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from trainguard import chaos
 from trainguard.eventlog import EventWriter
 from trainguard.events import Event, FaultInjected, StepCompleted
 from trainguard.protocol import SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
-from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready
+from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready, write_evidence
 from trainguard.worker.files import open_heartbeat
 from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read_pg_status
 
@@ -189,6 +192,28 @@ class Runtime:
                                           agent_pid=self.env.agent_pid)
         except OSError as exc:
             log.warning("trainguard: no control channel (%s)", exc)
+        if evidence is not None:
+            self._install_last_words(evidence)
+
+    def _install_last_words(self, evidence: Path) -> None:
+        """Dump the flight recorder and stacks when the script dies of an uncaught exception.
+
+        A rank that fails because a peer died (gloo: "Connection closed by peer") exits within
+        milliseconds, before the agent can ask it for evidence; its dump is the survivors' view of the
+        collective that broke, so it writes it on its way out. The previous hook still runs after.
+        """
+        previous = sys.excepthook
+
+        def last_words(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            if not self._disabled and not self.closed and not issubclass(kind, KeyboardInterrupt):
+                try:
+                    text = "".join(traceback.format_exception(kind, exc, tb))
+                    write_evidence(evidence, self.rank, preface=f"# uncaught exception, written on exit\n{text}\n")
+                except Exception as err:  # evidence is best effort; the exit must go on
+                    log.warning("trainguard: no evidence on exit (%s)", err)
+            previous(kind, exc, tb)
+
+        sys.excepthook = last_words
 
     def start_background(self) -> None:
         """Start the heartbeat/progress thread (once; only when someone reads heartbeats or asks for dumps)."""
