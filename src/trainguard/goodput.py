@@ -13,10 +13,11 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from trainguard.clocks import estimate_offsets, reference_host
+from trainguard.errors import InputError
+from trainguard.eventlog import SkippedRecord, SkippedRecords, read_run
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -65,6 +66,30 @@ class Interruption:
     """Lost progress + detection + restart gap of this attempt, plus start-up and restore of the next."""
 
 
+LISTED = 100
+"""Skipped and excluded records listed one by one in a report; beyond that only counted."""
+
+
+@dataclass(frozen=True)
+class ExcludedRecord:
+    """A record that parsed but cannot be true, left out of the accounting (docs/goodput.md)."""
+
+    writer: str
+    """Event file name without ``.jsonl``."""
+    line: int
+    """Line in that file (0 when the record did not come from a file)."""
+    type: str
+    """The record's type (``step_completed``, ...)."""
+    reason: str
+    """Which rule it broke, with the offending value."""
+
+    def __str__(self) -> str:
+        return f"{self.writer}:{self.line}: {self.type}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"writer": self.writer, "line": self.line, "type": self.type, "reason": self.reason}
+
+
 @dataclass(frozen=True)
 class GoodputReport:
     """Everything `trainguard report` shows about one run."""
@@ -84,6 +109,14 @@ class GoodputReport:
     root_causes: list[dict[str, Any]]
     clock_offsets_seconds: dict[str, float]
     warnings: list[str] = field(default_factory=list)
+    skipped_records: list[SkippedRecord] = field(default_factory=list)
+    """Records the reader could not use (torn, not JSON, wrong field types), the first `LISTED` of them."""
+    skipped_records_total: int = 0
+    """How many records were skipped in all."""
+    excluded_records: list[ExcludedRecord] = field(default_factory=list)
+    """Readable but implausible records left out of the accounting, the first `LISTED` of them."""
+    excluded_records_total: int = 0
+    """How many records were excluded in all."""
 
     @property
     def ettr(self) -> float:
@@ -110,6 +143,10 @@ class GoodputReport:
             "root_causes": self.root_causes,
             "clock_offsets_seconds": self.clock_offsets_seconds,
             "warnings": self.warnings,
+            "skipped_records": [r.to_json() for r in self.skipped_records],
+            "skipped_records_total": self.skipped_records_total,
+            "excluded_records": [r.to_json() for r in self.excluded_records],
+            "excluded_records_total": self.excluded_records_total,
         }
 
 
@@ -169,15 +206,191 @@ def _sweep(intervals: list[tuple[float, float, str, int]], lo: float, hi: float)
     return out
 
 
+# --- plausibility: records that parse but cannot be true ------------------------------------------
+#
+# One corrupt number must not rewrite the headline (an attempt of 10**9 made every step "lost
+# progress"; a duration of -1e9 stretched a step block). Such records are left out of the accounting
+# and listed in the report. The rules are documented in docs/goodput.md; each is far from anything a
+# real or simulated run writes.
+
+MAX_WORLD_SIZE = 10_000_000
+"""Largest world size, node count or rank number believed: far beyond any cluster built."""
+MAX_STEPS_PER_SECOND = 1e6
+"""A `StepSpan` claiming more steps per second than this is corrupt."""
+ATTEMPT_SLACK = 10
+"""Without usable ``attempt_started`` records, attempt numbers beyond (attempts seen + this) are corrupt."""
+STEP_FACTOR, STEP_SLACK = 2, 1000
+"""A step beyond ``STEP_FACTOR * reference + STEP_SLACK`` is corrupt; the reference is the second
+highest step number of the run (or ``target_steps`` if higher)."""
+TIME_MARGIN_FACTOR, TIME_MARGIN_FLOOR_SECONDS = 3.0, 3600.0
+"""A time further than ``max(FACTOR * core span, FLOOR)`` outside the core span of the run's record
+times (all times but the earliest and latest 2%, at least one each side) is corrupt."""
+DURATION_SLACK_SECONDS = 1.0
+"""A duration may exceed the run's wall time by this much (clock skew) before it is corrupt."""
+_DURATIONS = ("duration_seconds", "blocking_seconds", "total_seconds", "seconds", "detection_latency_seconds")
+_COUNTS = ("attempt", "rank", "step", "first_step", "last_step", "resume_step", "completed_steps", "target_steps")
+_SIZES = ("world_size", "nnodes", "rank")
+
+
+def _intrinsic_problem(e: Event) -> str | None:
+    """What is wrong with a record on its own, if anything."""
+    for name in _DURATIONS:
+        v = getattr(e, name, None)
+        if isinstance(v, (int, float)) and v < 0:
+            return f"negative {name} ({v:g})"
+    for name in _COUNTS:
+        v = getattr(e, name, None)
+        if isinstance(v, int) and v < 0:
+            return f"negative {name} ({v})"
+    for name in _SIZES:
+        v = getattr(e, name, None)
+        if isinstance(v, int) and v > MAX_WORLD_SIZE:
+            return f"{name} {v} beyond {MAX_WORLD_SIZE:,}"
+    if isinstance(e, StepSpan):
+        n = e.last_step - e.first_step + 1
+        if n < 1:
+            return f"last_step {e.last_step} before first_step {e.first_step}"
+        if n > 1 and n > e.duration_seconds * MAX_STEPS_PER_SECOND:
+            return f"{n} steps in {e.duration_seconds:g} s (more than {MAX_STEPS_PER_SECOND:g} steps per second)"
+    return None
+
+
+def _attempt(e: Event) -> int | None:
+    value = getattr(e, "attempt", None)
+    return value if isinstance(value, int) else None
+
+
+def _bounds(records: list[Event], t: Any) -> tuple[float, float]:
+    """The run's span before step starts are known: run_started (else the first record) to run_ended
+    (else the last record)."""
+    run_started = next((e for e in records if isinstance(e, RunStarted)), None)
+    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
+    lo = t(run_started) if run_started else min(t(e) for e in records)
+    hi = t(run_ended) if run_ended else max(t(e) for e in records)
+    return lo, hi
+
+
+def judge_records(loaded: list[LoadedEvent]) -> tuple[list[LoadedEvent], list[ExcludedRecord]]:
+    """Split records into the plausible ones and the excluded ones (with the rule each broke)."""
+    excluded: list[ExcludedRecord] = []
+
+    def keep_if(items: list[LoadedEvent], why: Any) -> list[LoadedEvent]:
+        kept = []
+        for item in items:
+            reason = why(item.record)
+            if reason is None:
+                kept.append(item)
+            else:
+                excluded.append(ExcludedRecord(item.writer, item.line, item.record.TYPE, reason))
+        return kept
+
+    items = keep_if(loaded, _intrinsic_problem)
+
+    # Attempts: only the agent starts attempts, and it numbers them 0, 1, 2, ...
+    started = {e.attempt for e in (i.record for i in items) if isinstance(e, AttemptStarted)}
+    started_cap = len(started) + ATTEMPT_SLACK
+    believed = {a for a in started if a <= started_cap}
+    if believed:
+        last = max(believed)
+
+        def bad_attempt(e: Event) -> str | None:
+            a = _attempt(e)
+            if isinstance(e, AttemptStarted) and a is not None and a > started_cap:
+                return f"attempt {a} far beyond the {len(started)} attempts started"
+            if a is not None and a > last:
+                return f"attempt {a} was never started (the last attempt_started is for attempt {last})"
+            return None
+    else:
+        seen = {a for a in (_attempt(i.record) for i in items) if a is not None}
+        cap = len(seen) + ATTEMPT_SLACK
+
+        def bad_attempt(e: Event) -> str | None:
+            a = _attempt(e)
+            return f"attempt {a} far beyond the {len(seen)} attempts seen" if a is not None and a > cap else None
+
+    items = keep_if(items, bad_attempt)
+
+    # Steps: executed step numbers climb from 1; one far beyond all the others is corrupt.
+    tops = sorted({e.step for e in (i.record for i in items) if isinstance(e, StepCompleted)}
+                  | {e.last_step for e in (i.record for i in items) if isinstance(e, StepSpan)})
+    if len(tops) >= 2:
+        target = max((e.target_steps or 0 for e in (i.record for i in items) if isinstance(e, RunStarted)), default=0)
+        limit = STEP_FACTOR * max(tops[-2], target) + STEP_SLACK
+
+        def bad_step(e: Event) -> str | None:
+            top = e.step if isinstance(e, StepCompleted) else e.last_step if isinstance(e, StepSpan) else 0
+            return f"step {top} absurdly beyond the others (next highest: {tops[-2]})" if top > limit else None
+
+        items = keep_if(items, bad_step)
+
+    # Times: on the reference clock, far outside the span of the bulk of the run's records.
+    records = [i.record for i in items]
+    if len(records) >= 4:
+        offsets = estimate_offsets(records, reference_host(records))
+        times = sorted(e.time - offsets[e.host] for e in records)
+        k = max(1, len(times) // 50)
+        core_lo, core_hi = times[k], times[-1 - k]
+        margin = max(TIME_MARGIN_FACTOR * (core_hi - core_lo), TIME_MARGIN_FLOOR_SECONDS)
+
+        def bad_time(e: Event) -> str | None:
+            when = e.time - offsets[e.host]
+            off = core_lo - when if when < core_lo else when - core_hi
+            return f"time {e.time:.3f} lies {off:.0f} s outside the span of the run's records" if off > margin else None
+
+        items = keep_if(items, bad_time)
+
+    # The run's end before its start, and durations longer than the whole run.
+    records = [i.record for i in items]
+    if records:
+        offsets = estimate_offsets(records, reference_host(records))
+
+        def t(e: Event) -> float:
+            return e.time - offsets[e.host]
+
+        start = next((e for e in records if isinstance(e, RunStarted)), None)
+        if start is not None:
+            items = keep_if(items, lambda e: "ends before the run started"
+                            if isinstance(e, RunEnded) and t(e) < t(start) else None)
+            records = [i.record for i in items]
+        lo, hi = _bounds(records, t)
+        wall = hi - lo
+
+        def too_long(e: Event) -> str | None:
+            for name in _DURATIONS:
+                v = getattr(e, name, None)
+                if isinstance(v, (int, float)) and v > wall + DURATION_SLACK_SECONDS:
+                    return f"{name} {v:g} s longer than the whole run ({wall:.3f} s)"
+            return None
+
+        items = keep_if(items, too_long)
+    return items, excluded
+
+
 def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) -> GoodputReport:
-    """Account for the wall time of a run from its events."""
+    """Account for the wall time of a run from its events.
+
+    Unusable records (torn, not JSON, wrong types) are skipped by the reader and implausible ones are
+    excluded (`judge_records`); both are listed in the report and counted in its warnings.
+    """
+    skipped = SkippedRecords(keep=LISTED)
     if isinstance(run, list):
         loaded, run_id = run, ""
     else:
-        rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-        loaded, run_id = rd.load(), rd.run_id
+        rd = run if isinstance(run, RunDir) else RunDir(run)
+        loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(rd.root, skipped=skipped)]
+        run_id = rd.run_id
+    loaded, excluded = judge_records(loaded)
+    if not loaded:
+        example = f", first: {excluded[0]}" if excluded else ""
+        raise InputError(f"{run_id or 'run'}: no plausible events ({len(excluded)} excluded{example})")
     records = [item.record for item in loaded]
     warnings: list[str] = []
+    if skipped.total:
+        warnings.append(f"{skipped.total} unreadable record(s) skipped (first: {skipped.items[0]}); "
+                        "see skipped_records")
+    if excluded:
+        warnings.append(f"{len(excluded)} implausible record(s) excluded from the accounting "
+                        f"(first: {excluded[0]}); see excluded_records")
     ref = reference_host(records)
     offsets = estimate_offsets(records, ref)
     for host, off in offsets.items():
@@ -318,6 +531,10 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
         root_causes=_root_causes(interruptions),
         clock_offsets_seconds={h: o for h, o in offsets.items() if o},
         warnings=warnings,
+        skipped_records=list(skipped.items),
+        skipped_records_total=skipped.total,
+        excluded_records=excluded[:LISTED],
+        excluded_records_total=len(excluded),
     )
 
 
@@ -327,9 +544,14 @@ def _throughput(blocks: list[_Block], lo: float, hi: float, bins: int = 60) -> l
         return []
     width = (hi - lo) / bins
     counts = [0.0] * bins
+
+    def bin_of(x: float) -> int:
+        # Clamp before int(): with a tiny width the quotient can overflow to infinity.
+        return int(min(max((x - lo) / width, -1.0), float(bins)))
+
     for b in blocks:
         n = b.last - b.first + 1
-        i0, i1 = int((b.start - lo) // width), int((b.end - lo) // width)
+        i0, i1 = bin_of(b.start), bin_of(b.end)
         if b.end <= b.start:
             counts[min(max(i0, 0), bins - 1)] += n
             continue

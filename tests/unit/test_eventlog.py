@@ -1,4 +1,4 @@
-"""Event files: round trip, torn last line, corruption and schema-version errors."""
+"""Event files: round trip, torn last line, skipped corrupt records and schema-version errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.errors import EventFormatError, InputError, SchemaVersionError
-from trainguard.eventlog import EventWriter, iter_events, read_events
+from trainguard.eventlog import EventWriter, SkippedRecords, iter_events, read_events
 from trainguard.events import RECORD_TYPES, FailureDetected, StepCompleted, from_dict
 
 
@@ -60,12 +60,15 @@ def test_torn_last_line_is_skipped_with_warning(tmp_path: Path, caplog: pytest.L
     assert "torn" in caplog.text and "w.jsonl:2" in caplog.text
 
 
-def test_garbage_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
+def test_garbage_in_the_middle_is_skipped_and_named(tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
     path.write_text('{"v":1,"type":"run_started","time":1,"run_id":"r"}\nnot json\n{"v":1,"type":"run_ended",'
                     '"time":2,"run_id":"r","status":"completed"}\n')
+    skipped = SkippedRecords()
+    assert [r.TYPE for r in read_events(path, skipped=skipped)] == ["run_started", "run_ended"]
+    assert [str(s) for s in skipped.items] == [f"{path}:2: not valid JSON"]
     with pytest.raises(EventFormatError, match=r"w\.jsonl:2: not valid JSON"):
-        read_events(path)
+        list(iter_events(path, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -74,15 +77,19 @@ def test_garbage_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
         ('[1, 2]', "must be a JSON object"),
         ('{"type":"run_started","time":1,"run_id":"r"}', "schema version"),
         ('{"v":1,"type":"no_such_thing","time":1}', "unknown record type"),
-        ('{"v":1,"type":"run_started","time":1}', "bad run_started record"),
-        ('{"v":1,"type":"run_started","time":"noon","run_id":"r"}', "time must be a number"),
+        ('{"v":1,"type":"run_started","time":1}', "bad run_started record: missing field 'run_id'"),
+        ('{"v":1,"type":"run_started","time":"noon","run_id":"r"}',
+         "field 'time': expected a number, got a string"),
     ],
 )
-def test_malformed_records_are_rejected(tmp_path: Path, line: str, message: str) -> None:
+def test_malformed_records_are_skipped_or_rejected_when_strict(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "w.jsonl"
-    path.write_text(line + "\n")
+    path.write_text(line + "\n" + '{"v":1,"type":"run_started","time":1,"run_id":"r"}\n')
+    skipped = SkippedRecords()
+    assert len(read_events(path, skipped=skipped)) == 1
+    assert skipped.total == 1 and skipped.items[0].line == 1 and message in skipped.items[0].reason
     with pytest.raises(EventFormatError, match=message):
-        read_events(path)
+        list(iter_events(path, strict=True))
 
 
 def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:

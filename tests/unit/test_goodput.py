@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 from tests.unit.streams import CASES, Case
+from trainguard.events import RunEnded
 from trainguard.goodput import BUCKETS, compute_goodput
 from trainguard.rundir import RunDir
+from trainguard.samples import SAMPLE_RUN
 
 
 def _write(run_dir: RunDir, case: Case) -> None:
@@ -54,7 +60,7 @@ def test_skew_is_measured_and_reported(run_dir: RunDir) -> None:
     assert any("h1" in w for w in report.warnings)
 
 
-def test_torn_last_line_is_tolerated_with_same_answer(run_dir: RunDir, caplog) -> None:
+def test_torn_last_line_is_tolerated_with_same_answer(run_dir: RunDir) -> None:
     from tests.unit.streams import crash_mid_step
 
     case = crash_mid_step()
@@ -63,7 +69,8 @@ def test_torn_last_line_is_tolerated_with_same_answer(run_dir: RunDir, caplog) -
         fh.write(b'{"v":1,"type":"step_completed","time":17000')  # writer killed mid-record
     report = compute_goodput(run_dir)
     assert report.productive_seconds == pytest.approx(10.0)
-    assert "torn" in caplog.text
+    assert report.skipped_records_total == 1 and "torn" in report.skipped_records[0].reason
+    assert any("skipped" in w for w in report.warnings)
 
 
 def test_run_without_end_is_accounted_to_last_event(run_dir: RunDir) -> None:
@@ -88,3 +95,88 @@ def test_json_form_has_the_documented_keys(run_dir: RunDir) -> None:
     for key in ("wall_seconds", "productive_seconds", "interruptions", "steps_per_second", "root_causes"):
         assert key in data
     assert data["interruptions"][0]["culprit_ranks"] == [1]
+
+
+def _sample_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "sample-run"
+    shutil.copytree(SAMPLE_RUN, root)
+    return root
+
+
+def _insert(path: Path, at: int, record: dict[str, object]) -> None:
+    """Put one record line before line ``at`` (1-based) of an event file."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(at - 1, (json.dumps(record) + "\n").encode())
+    path.write_bytes(b"".join(lines))
+
+
+SAMPLE_ETTR = 0.7438964325858284
+T_SAMPLE = 1_767_000_000.0
+_STEP = {"v": 1, "type": "step_completed", "time": T_SAMPLE + 100, "host": "node-a", "attempt": 0, "rank": 0,
+         "step": 50, "duration_seconds": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"attempt": 1_000_000_000}, "attempt 1000000000 was never started"),
+        ({"duration_seconds": -1e9}, "negative duration_seconds"),
+        ({"duration_seconds": 1e7}, "duration_seconds 1e+07 s longer than the whole run"),
+        ({"step": 10**12}, "step 1000000000000 absurdly beyond the others"),
+        ({"time": T_SAMPLE + 1e9}, "outside the span of the run's records"),
+        ({"time": 5.0}, "outside the span of the run's records"),
+        ({"rank": 20_000_000}, "rank 20000000 beyond 10,000,000"),
+    ],
+    ids=["attempt", "negative-duration", "long-duration", "step", "future", "epoch", "rank"],
+)
+def test_one_implausible_record_is_excluded_visibly(tmp_path: Path, change: dict[str, object], reason: str) -> None:
+    root = _sample_copy(tmp_path)
+    _insert(root / "events" / "rank-3.jsonl", 300, {**_STEP, **change})
+    report = compute_goodput(root)
+    assert report.ettr == pytest.approx(SAMPLE_ETTR, abs=1e-9)  # the headline is not rewritten
+    assert report.excluded_records_total == 1
+    (ex,) = report.excluded_records
+    assert (ex.writer, ex.line, ex.type) == ("rank-3", 300, "step_completed") and reason in ex.reason
+    assert any("1 implausible record(s) excluded" in w for w in report.warnings)
+    data = report.to_json()
+    assert data["excluded_records_total"] == 1 and data["excluded_records"][0]["line"] == 300
+
+
+def test_implausible_run_bounds_and_world_size_are_excluded(tmp_path: Path) -> None:
+    root = _sample_copy(tmp_path)
+    agent = root / "events" / "agent-node-a.jsonl"
+    _insert(agent, 2, {"v": 1, "type": "attempt_started", "time": T_SAMPLE + 1, "host": "node-a",
+                       "attempt": 77_777, "world_size": 8})
+    _insert(agent, 2, {"v": 1, "type": "run_started", "time": T_SAMPLE, "host": "node-a", "run_id": "x",
+                       "world_size": 50_000_000})
+    report = compute_goodput(root)
+    reasons = sorted(e.reason for e in report.excluded_records)
+    assert reasons == ["attempt 77777 far beyond the 5 attempts started", "world_size 50000000 beyond 10,000,000"]
+    assert report.ettr == pytest.approx(SAMPLE_ETTR, abs=1e-9)
+
+
+def test_a_run_end_before_its_start_is_excluded(run_dir: RunDir) -> None:
+    from tests.unit.streams import T0, clean_run
+
+    case = clean_run()
+    case.writers["agent-h0"].append(RunEnded(time=T0 - 5, host="h0", run_id="clean", status="completed"))
+    case.writers["agent-h0"].pop(-2)  # the true end
+    _write(run_dir, case)
+    report = compute_goodput(run_dir)
+    assert [e.reason for e in report.excluded_records] == ["ends before the run started"]
+    assert report.status == "incomplete" and report.wall_seconds == pytest.approx(12.8)
+
+
+def test_bad_records_in_the_middle_are_skipped_and_listed(tmp_path: Path) -> None:
+    root = _sample_copy(tmp_path)
+    path = root / "events" / "rank-0.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[29] = lines[29][: len(lines[29]) // 2]  # torn, and glued to the next (old writer, full disk)
+    lines[99] = lines[99].replace(b'"step":', b'"step":"x","was":')  # a string step
+    path.write_bytes(b"".join(lines))
+    report = compute_goodput(root)
+    assert report.skipped_records_total == 2
+    assert [(s.line, s.reason) for s in report.skipped_records] == [
+        (30, "not valid JSON"), (99, "bad step_completed record: field 'step': expected an integer, got a string")]
+    assert report.ettr == pytest.approx(SAMPLE_ETTR, abs=2e-3)  # rank 0 lost three of its 714 records
+    assert report.to_json()["skipped_records"][0]["path"].endswith("rank-0.jsonl")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from trainguard.goodput import compute_goodput
 from trainguard.report.terminal import format_seconds, render_report
 from trainguard.samples import SAMPLE_RUN
@@ -28,3 +31,19 @@ def test_format_seconds_scales() -> None:
     assert format_seconds(250) == "4 min 10 s"
     assert format_seconds(7500) == "2 h 05 min"
     assert format_seconds(3 * 86400 + 4 * 3600) == "3 d 4 h"
+
+
+def test_skipped_and_excluded_records_get_one_warning_line_each(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    shutil.copytree(SAMPLE_RUN, root)
+    path = root / "events" / "rank-1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[9] = b"garbage\n"
+    lines[19] = lines[19].replace(b'"attempt":0', b'"attempt":99')
+    lines[29] = lines[29].replace(b'"attempt":0', b'"attempt":99')
+    path.write_bytes(b"".join(lines))
+    text = render_report(compute_goodput(root))
+    warnings = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "1 unreadable record(s) skipped" in warnings[0] and "rank-1.jsonl:10: not valid JSON" in warnings[0]
+    assert warnings[1].startswith("warning: 2 implausible record(s) excluded from the accounting (first: rank-1:20")

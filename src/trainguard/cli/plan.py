@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from typing import Any
 
 from trainguard.errors import EXIT_OK, UsageError
+
+log = logging.getLogger(__name__)
 
 HELP = "plan checkpoint interval, hot spares and restart budgets for a large job (simulation-based)"
 
@@ -22,6 +25,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="calibrate step time, save cost and restart overhead from a run's events")
     parser.add_argument("--json", action="store_true", help="print one JSON document (docs/simulation.md)")
     add_job_arguments(parser)
+
+
+MAX_CALIBRATED_SECONDS = 7 * 86400.0
+"""Longest step, save, restore or restart believed from a run's events; beyond it a figure is corrupt."""
+MIN_CALIBRATED_STEP_SECONDS = 1e-3
+"""Shortest step time believed from a run's events (no training step of a large job takes under 1 ms)."""
+
+
+def _plausible_calibration(cal: Any) -> Any:
+    """The calibration with figures no real run produces (negative, not finite, over a week, a step
+    under 1 ms) dropped with a warning, so one corrupt record cannot turn into a bad option (exit 2)."""
+    from dataclasses import replace
+
+    dropped: dict[str, Any] = {}
+    for name in ("step_seconds", "checkpoint_stall_seconds", "checkpoint_total_seconds", "restore_seconds",
+                 "relaunch_seconds", "restart_overhead_seconds"):
+        value = getattr(cal, name)
+        if value is None:
+            continue
+        low_ok = value >= MIN_CALIBRATED_STEP_SECONDS if name == "step_seconds" else value >= 0
+        if not (math.isfinite(value) and low_ok and value <= MAX_CALIBRATED_SECONDS):
+            log.warning("calibration from %s: %s = %g is implausible; the option's value is used instead",
+                        cal.run, name, value)
+            dropped[name] = None
+    return replace(cal, **dropped) if dropped else cal
 
 
 def _apply_calibration(args: argparse.Namespace, cal: Any) -> None:
@@ -53,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--trials must be between 1 and 100000, not {args.trials}")
     if args.repair_hours is not None and not (math.isfinite(args.repair_hours) and 0 <= args.repair_hours <= 1e5):
         raise UsageError(f"--repair-hours must be between 0 and 100000, not {args.repair_hours}")
-    cal = calibrate_from_run(args.from_run) if args.from_run else None
+    cal = _plausible_calibration(calibrate_from_run(args.from_run)) if args.from_run else None
     if cal is not None:
         _apply_calibration(args, cal)
     model, job, policy = job_from_args(args)
