@@ -83,6 +83,7 @@ BAD_SIM = [
     (["--gpus", "many"], 2),
     (["--model", "nosuch"], 2),
     (["--seed", "-1"], 2),
+    (["--step-seconds", "5e-324"], 2),  # once an OverflowError (exit 70) in the interval arithmetic
     (["--gpus", "10000000", "--days", "3650", "--trials", "1000"], 2),
 ]
 

@@ -88,8 +88,9 @@ def validate(job: JobConfig, policy: PolicyConfig, trials: int = 1) -> None:
         raise UsageError(f"--days must be above 0 and at most {MAX_DAYS:g}, not {job.days}")
     if not 0 < trials <= MAX_TRIALS:
         raise UsageError(f"--trials must be between 1 and {MAX_TRIALS:,}, not {trials}")
-    if not (math.isfinite(job.step_seconds) and 0 < job.step_seconds <= 86400):
-        raise UsageError(f"--step-seconds must be above 0 and at most a day, not {job.step_seconds}")
+    if not (math.isfinite(job.step_seconds) and 1e-3 <= job.step_seconds <= 86400):
+        # below a millisecond the interval arithmetic overflows (interval / step) and no real step is that short
+        raise UsageError(f"--step-seconds must be between 0.001 and 86400, not {job.step_seconds}")
     for name in ("checkpoint_stall_seconds", "restart_overhead_seconds", "relaunch_seconds",
                  "restore_seconds", "crash_detection_seconds", "hang_timeout_seconds",
                  "sdc_check_seconds", "straggler_per_day", "straggler_catch_seconds", "diurnal_swing"):
