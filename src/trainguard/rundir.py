@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.errors import InputError, StorageError
-from trainguard.eventlog import EventWriter, iter_events
+from trainguard.errors import StorageError
+from trainguard.eventlog import EventWriter, SkippedRecords, read_run, run_event_files
 from trainguard.events import Event
 from trainguard.names import check_name
 
@@ -105,33 +104,17 @@ class RunDir:
         return EventWriter(self.events_dir / f"{name}.jsonl", fsync=fsync)
 
     def event_files(self) -> list[Path]:
-        """The event files, sorted by name. Raises `InputError` if this is not a run directory."""
-        if not self.root.exists():
-            raise InputError(f"{self.root}: no such run directory")
-        if not self.root.is_dir():
-            raise InputError(f"{self.root}: not a directory")
-        if not self.events_dir.is_dir():
-            raise InputError(f"{self.root}: not a run directory (no events/ folder)")
-        files = sorted(self.events_dir.glob("*.jsonl"))
-        for path in files:
-            # a FIFO or device named *.jsonl would block the reader forever (or read without end)
-            try:
-                regular = stat.S_ISREG(path.stat().st_mode)
-            except OSError as exc:
-                raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-            if not regular:
-                raise InputError(f"{path}: not a regular file")
-        return files
+        """The ``events/*.jsonl`` entries, sorted by name. Raises `InputError` if this is not a run directory.
 
-    def load(self) -> list[LoadedEvent]:
-        """Every record of every writer, file by file in file order. Raises `InputError` when empty."""
-        out: list[LoadedEvent] = []
-        for path in self.event_files():
-            writer = path.name[: -len(".jsonl")]
-            out.extend(LoadedEvent(writer, line, record) for line, record in iter_events(path))
-        if not out:
-            raise InputError(f"{self.root}: the run has no events")
-        return out
+        Entries that are not regular files (a FIFO would block a reader forever) are skipped by the
+        readers with a warning, not refused here: one bad file must not make the whole run unreadable.
+        """
+        return run_event_files(self.root)
+
+    def load(self, skipped: SkippedRecords | None = None) -> list[LoadedEvent]:
+        """Every usable record of every writer, file by file in file order; bad records go to ``skipped``
+        (or a warning). Raises `InputError` when nothing usable is left."""
+        return [LoadedEvent(writer, line, record) for writer, line, record in read_run(self.root, skipped=skipped)]
 
     def events(self) -> list[Event]:
         """Every record, unordered across writers (use `trainguard.clocks` to order them)."""
