@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._run_helpers import TRAIN_GPT, trainguard
+from tests.e2e._run_helpers import ROOT, TRAIN_GPT, trainguard
+from tests.e2e.cli import assert_one_line_error
+from tests.e2e.cli import trainguard as trainguard_in
 
 GPT = str(TRAIN_GPT)
+USER = str(ROOT / "tests" / "e2e" / "userscripts" / "allreduce.py")
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [
@@ -19,6 +22,7 @@ GPT = str(TRAIN_GPT)
     (["run", "--nnodes", "3:1", "--", GPT], 2, "--nnodes"),
     (["run", "--nnodes", "x", "--", GPT], 2, "--nnodes"),
     (["run", "--nnodes", "2", "--", GPT], 2, "--rdzv-endpoint is required"),
+    (["run", "--nproc-per-node", "lots", GPT], 2, "--nproc-per-node"),
     (["run", "--max-restarts", "-1", "--", GPT], 2, "--max-restarts"),
     (["run", "--hang-floor", "0", "--", GPT], 2, "--hang-floor"),
     (["run", "--nproc-per-node", "0", "--", GPT], 2, "--nproc-per-node"),
@@ -37,3 +41,54 @@ def test_bad_input_is_one_line_and_an_exit_code(args: list[str], code: int, word
     assert words in res.stderr
     assert "Traceback" not in res.stderr
     assert res.stdout == ""
+
+
+# Issue 11 and the torchrun options: every bad value is refused with one line and exit 2 before any
+# folder exists (neither the default runs/<id> nor the --run-dir given).
+@pytest.mark.parametrize(("args", "words"), [
+    (["--node-id", "../../../../X"], "bad node id"),
+    (["--node-id", "a/b"], "bad node id"),
+    (["--rdzv-id", "../up"], "bad rendezvous id"),
+    (["--rdzv-endpoint", "::::"], "--rdzv-endpoint must be HOST[:PORT]"),
+    (["--rdzv-endpoint", "host:0"], "port must be a number from 1 to 65535"),
+    (["--rdzv-endpoint", "host:http"], "port must be a number from 1 to 65535"),
+    (["--rdzv-endpoint", "[::1"], "--rdzv-endpoint must be HOST[:PORT]"),
+    (["--rdzv-backend", "etcd"], "--rdzv-backend 'etcd' is not supported"),
+    (["--rdzv-conf", "nonsense"], "--rdzv-conf must be KEY=VALUE"),
+    (["--rdzv-conf", "colour=red"], "unknown key 'colour'"),
+    (["--rdzv-conf", "join_timeout=-5"], "join_timeout must be a whole number"),
+    (["--rdzv-backend", "static", "--nnodes", "1:2"], "fixed node count"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-port", "29500"], "--node-rank must be below --nnodes"),
+    (["--master-port", "70000"], "--master-port must be a whole number"),
+    (["--standalone", "--nnodes", "2"], "--standalone runs one node"),
+    (["--nproc-per-node", "gpu"], "CUDA is not available"),
+    (["--nproc_per_node", "-1"], "--nproc-per-node"),
+    (["--redirects", "7"], "--redirects must be"),
+    (["--tee", "0:3,1"], "--tee must be"),
+    (["--local-ranks-filter", "0,x"], "--local-ranks-filter"),
+    (["--monitor-interval", "0"], "--monitor-interval"),
+    (["--stop-grace", "-1"], "--stop-grace"),
+    (["--module", "--no-python"], "cannot be used together"),
+    (["--numa-binding", "node"], "--numa-binding is not supported"),
+    (["--run-path"], "--run-path"),
+    (["--event-log-handler", "console"], "--event-log-handler"),
+    (["--signals-to-handle", "SIGNOPE"], "unknown signal"),
+    (["--inject", "crash@step=1,rank=x"], "--inject"),
+])
+def test_bad_torchrun_style_values_create_nothing(args: list[str], words: str, tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    given = tmp_path / "given-run-dir"
+    for extra in ([], ["--run-dir", str(given)]):
+        res = trainguard_in("run", *args, *extra, USER, "--steps", "1", cwd=str(cwd), timeout=60)
+        assert_one_line_error(res, 2)
+        assert words in res.err
+        assert res.out == ""
+        assert list(cwd.iterdir()) == [] and not given.exists()
+
+
+def test_missing_script_module_or_program_is_an_input_error_and_creates_nothing(tmp_path: Path) -> None:
+    for args in (["/no/such/train.py"], ["--no-python", "no-such-program-xyz"], ["--no-python", "/no/such/prog"]):
+        res = trainguard_in("run", *args, cwd=str(tmp_path), timeout=60)
+        assert_one_line_error(res, 3)
+        assert list(tmp_path.iterdir()) == []

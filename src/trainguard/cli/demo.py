@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,65 +50,6 @@ def _model_args(text: str) -> list[str]:
                              f"got {item!r}")
         out += [f"--{key.replace('_', '-')}", value]
     return out
-
-
-class _Watcher(threading.Thread):
-    """Prints progress and failures on stderr while the job runs."""
-
-    def __init__(self, run_dir: Path, node: str, steps: int) -> None:
-        super().__init__(daemon=True, name="demo-progress")
-        self.run_dir, self.node, self.steps = run_dir, node, steps
-        self.stop = threading.Event()
-        self._offset = 0
-        self._next_report = 10
-
-    def _events(self) -> list[dict[str, Any]]:
-        import json
-
-        path = self.run_dir / "events" / f"agent-{self.node}.jsonl"
-        try:
-            with path.open("rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self._offset += end
-        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-
-    def _step(self) -> int | None:
-        from trainguard.worker import parse_heartbeat
-
-        dirs = sorted((self.run_dir / "heartbeats" / self.node).glob("attempt-*"),
-                      key=lambda p: int(p.name.split("-")[1]))
-        if not dirs:
-            return None
-        beats = [parse_heartbeat(p.read_bytes()) for p in dirs[-1].glob("rank-*")]
-        steps = [b["step"] for b in beats if b is not None]
-        return min(steps) if steps else None
-
-    def poll(self) -> None:
-        for e in self._events():
-            t = e.get("type")
-            if t == "attempt_started":
-                resume = e.get("resume_step")
-                where = f"from the checkpoint of step {resume}" if resume else "from scratch"
-                print(f"demo: attempt {e['attempt']} started ({e['world_size']} ranks, {where})", file=sys.stderr)
-            elif t == "failure_detected":
-                print(f"demo: {e['kind']} detected after step {e.get('step')} in "
-                      f"{e['detection_latency_seconds']:.2f}s, blamed rank(s) {e.get('ranks')}; "
-                      f"evidence: {len(e.get('evidence', []))} files", file=sys.stderr)
-            elif t == "node_excluded":
-                print(f"demo: node {e['node']} excluded: {e['reason']}", file=sys.stderr)
-        step = self._step()
-        if step is not None and step >= self._next_report:
-            self._next_report = (step // 10 + 1) * 10
-            print(f"demo: step {step}/{self.steps}", file=sys.stderr)
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            with contextlib.suppress(Exception):  # progress display must never break the run
-                self.poll()
 
 
 def final_loss(run_dir: Path, target: int) -> float | None:
@@ -155,26 +96,25 @@ def run(args: argparse.Namespace) -> int:
                "--ckpt-every", str(args.ckpt_every), *model]
     cfg = build_config(args, command, nproc=args.ranks, nnodes=(1, 1), endpoint="",
                        node_id=socket.gethostname(), target_steps=args.steps)
-    print(f"demo: {args.ranks} ranks, {args.steps} steps, faults: {cfg.chaos or 'none'}; run dir {cfg.run_dir}",
-          file=sys.stderr)
-    import logging
-
+    # The console shows rank 0's own progress lines (every 10 steps) and trainguard's lines; the
+    # other ranks' output and every stderr stay in the log files.
+    cfg = dataclasses.replace(cfg, redirects="2", local_ranks_filter=(0,))
+    from trainguard.cli.console import Console
+    from trainguard.cli.run import quiet_torch_logs
     from trainguard.launch.supervisor import supervise
 
-    if args.verbose == 0:  # the elastic agent's own warnings would drown the demo's progress lines
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-        logging.getLogger("trainguard.launch").setLevel(logging.ERROR)
-    watcher = _Watcher(cfg.run_dir, cfg.node_id, args.steps)
-    watcher.start()
+    console = Console(cfg, quiet=args.quiet, label="demo")
+    console.line(f"{args.ranks} ranks, {args.steps} steps, faults: {cfg.chaos or 'none'}; run dir {cfg.run_dir}")
+    quiet_torch_logs(args.verbose)
+    console.start()
     t0 = time.time()
     try:
-        result = supervise(cfg)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the report's (or the JSON's) alone
+            result = supervise(cfg)
     finally:
-        watcher.stop.set()
-        watcher.join(timeout=2)
-    watcher.poll()
+        console.stop()
     wall = time.time() - t0
-    print(f"demo: {result.status} in {wall:.1f}s: {result.reason}", file=sys.stderr)
+    console.summary(result)
     from trainguard.goodput import compute_goodput
     from trainguard.report.terminal import render_report
 
@@ -195,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             "completed_steps": result.completed_steps, "target_steps": args.steps,
             "final_loss": loss if loss is None or math.isfinite(loss) else None,
             "ettr": round(report.ettr, 4), "wall_seconds": round(wall, 2), "attempts": result.attempts,
-            "interruptions": interruptions,
+            "interruptions": interruptions, "unfired_faults": list(result.unfired_faults),
         })
     else:
         print(render_report(report))

@@ -32,12 +32,19 @@ class SupervisorResult:
     status: str
     """``completed``, ``failed``, ``excluded`` or ``aborted``."""
     reason: str
+    """Why it ended, one line."""
     attempts: int
+    """Attempts this node took part in."""
     completed_steps: int | None
+    """Last step every local rank completed in the final attempt (None if none)."""
     failures: list[FailureDetected] = field(default_factory=list)
+    """Failures this node recorded."""
+    unfired_faults: tuple[str, ...] = ()
+    """Faults of the ``--inject`` schedule that never fired (no marker in ``chaos/``), as spec strings."""
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the rendezvous store of a single-node run binds it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -57,27 +64,23 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # gloo restarts need a fresh store per attempt
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from trainguard.launch.agent import GuardAgent
 
     RunDir(cfg.run_dir).create()
-    params = RendezvousParameters(
-        backend="c10d", endpoint=cfg.rdzv_endpoint, run_id=cfg.run_id,
-        min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes,
-        join_timeout=cfg.join_timeout_seconds, last_call_timeout=cfg.last_call_seconds, close_timeout=10,
-    )
-    handler = get_rendezvous_handler(params)
-    command = list(cfg.command)
-    if command[0].endswith(".py"):
-        entry, args = sys.executable, ("-u", *command)
-    else:
-        entry, args = command[0], tuple(command[1:])
-    spec = WorkerSpec(role="trainer", local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
+    handler = get_rendezvous_handler(rendezvous_parameters(cfg))
+    if cfg.rdzv_backend == "static":
+        handler = _FreshWorkerStore(handler, cfg.local_addr)
+    entry, args = worker_entry(cfg)
+    spec = WorkerSpec(role=cfg.role, local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
                       monitor_interval=cfg.monitor_interval_seconds)
     agent = GuardAgent(spec, cfg)
+    if getattr(agent, "_log_line_prefix_template", None) is None:
+        # The elastic agent prefixes the worker lines it tails onto the console with this template
+        # (a constructor argument of LocalElasticAgent that GuardAgent does not pass on yet).
+        agent._log_line_prefix_template = cfg.log_line_prefix
     status, reason, code = "failed", "", EXIT_FAILED
     try:
         result = agent.run()
@@ -104,4 +107,84 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
         agent.emit(RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status,
                             reason=reason, exit_code=code, completed_steps=steps))
     agent.events.close()
-    return SupervisorResult(code, status, reason, agent.attempt + 1, steps, list(agent.failures))
+    return SupervisorResult(code, status, reason, agent.attempt + 1, steps, list(agent.failures),
+                            unfired_faults(cfg))
+
+
+class _FreshWorkerStore:
+    """torch's static rendezvous with a new worker store in every attempt.
+
+    The static handler keeps one TCPStore for the whole run and tells the workers to use it
+    (``use_agent_store``); their process-group keys carry no attempt, so after a restart gloo reads
+    the dead attempt's addresses and hangs or fails to connect. As the c10d handler does with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, rank 0's workers host a fresh store each attempt on a
+    free port, published to the other nodes through the rendezvous store under the attempt's key.
+    """
+
+    def __init__(self, inner: Any, local_addr: str | None) -> None:
+        self._inner = inner
+        self._local_addr = local_addr
+        self._round = 0
+
+    @property
+    def use_agent_store(self) -> bool:
+        return False
+
+    def next_rendezvous(self) -> Any:
+        from torch.distributed import PrefixStore
+        from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
+
+        info = self._inner.next_rendezvous()
+        keys = PrefixStore(f"trainguard/worker-store/{self._round}", info.store)
+        self._round += 1
+        bootstrap = RendezvousStoreInfo.build(info.rank, keys, local_addr=self._local_addr or
+                                              info.bootstrap_store_info.master_addr)
+        return RendezvousInfo(info.store, info.rank, info.world_size, bootstrap)
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the static handler's
+        return getattr(self._inner, name)
+
+
+def worker_entry(cfg: SupervisorConfig) -> tuple[str, tuple[str, ...]]:
+    """What each worker executes, as torchrun does: ``python -u script args``, ``python -u -m module
+    args`` (``module``), or the command itself (``no_python``). ``-u``: unbuffered output, so the log
+    files and the console see a rank's lines as it prints them."""
+    command = list(cfg.command)
+    if cfg.no_python:
+        return command[0], tuple(command[1:])
+    python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's override of the interpreter
+    return python, ("-u", *(["-m"] if cfg.module else []), *command)
+
+
+def rendezvous_parameters(cfg: SupervisorConfig) -> Any:
+    """torch's rendezvous parameters for this node (c10d or static)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    extra: dict[str, Any] = dict(cfg.rdzv_conf)
+    if cfg.rdzv_backend == "static":
+        extra["rank"] = cfg.node_rank
+    return RendezvousParameters(
+        backend=cfg.rdzv_backend, endpoint=cfg.rdzv_endpoint, run_id=cfg.run_id,
+        min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, local_addr=cfg.local_addr,
+        **{"join_timeout": cfg.join_timeout_seconds, "last_call_timeout": cfg.last_call_seconds,
+           "close_timeout": cfg.rdzv_close_timeout_seconds, **extra},
+    )
+
+
+def unfired_faults(cfg: SupervisorConfig) -> tuple[str, ...]:
+    """The faults of the schedule that left no marker: a rank fault writes ``chaos/fired-<index>``
+    before firing, a node fault ``chaos/unhealthy-<node>``. With several nodes on run directories
+    that are not shared, a fault fired on another node shows here as unfired."""
+    from trainguard import chaos
+
+    try:
+        faults = chaos.parse_spec(cfg.chaos)
+    except errors.UsageError:  # validated before launch; nothing sensible to report otherwise
+        return ()
+    chaos_dir = cfg.layout.chaos_dir
+    out = []
+    for f in faults:
+        marker = f"unhealthy-{f.node}" if f.kind in chaos.NODE_KINDS else f"fired-{f.index}"
+        if not (chaos_dir / marker).exists():
+            out.append(f.to_spec())
+    return tuple(out)

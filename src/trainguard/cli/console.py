@@ -1,0 +1,161 @@
+"""What ``trainguard run`` and ``demo`` say on the console while a job runs: one line per detection,
+diagnosis, exclusion and restart, read from the node agent's event file, and a summary at the end.
+
+It follows ``events/agent-<node>.jsonl`` from a thread of the supervising process, so it needs
+nothing from the agent but the records it writes anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, NodeExcluded, from_dict
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+"""How often the event file is read: a line shows at most this long after the agent wrote it."""
+
+
+def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
+    if not ranks:
+        return "no rank singled out"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+
+
+def _hosts(hosts: tuple[str, ...]) -> str:
+    return f" on {'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)}" if hosts else ""
+
+
+def run_ettr(run_dir: Path) -> float | None:
+    """Effective training time ratio of the run from `trainguard.goodput`; None when it cannot be
+    computed (no steps yet, a record it does not understand): the summary then says so."""
+    try:
+        from trainguard.goodput import compute_goodput
+
+        return float(compute_goodput(run_dir).ettr)
+    except Exception as exc:  # an accounting problem must not turn a finished run into an error
+        log.debug("goodput of %s: %s", run_dir, exc)
+        return None
+
+
+class Console:
+    """Prints trainguard's lines for one node's run on ``stream`` (stderr), unless ``quiet``.
+    Progress itself is the workers' own output, which torch streams with rank prefixes.
+    """
+
+    def __init__(self, cfg: Any, *, quiet: bool = False, stream: TextIO | None = None,
+                 label: str = "trainguard") -> None:
+        self.cfg = cfg
+        self.quiet = quiet
+        self.stream = stream if stream is not None else sys.stderr
+        self.label = label
+        self._path: Path = cfg.layout.agent_events(cfg.node_id)
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainguard-console", daemon=True)
+        self._lock = threading.Lock()
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def line(self, text: str, *, always: bool = False) -> None:
+        """One line ``<label>: text``; ``always``: even when quiet (errors)."""
+        if self.quiet and not always:
+            return
+        with self._lock, contextlib.suppress(OSError, ValueError):  # a closed console must not stop the run
+            self.stream.write(f"{self.label}: {text}\n")
+            self.stream.flush()
+
+    def describe(self, record: Event) -> str | None:
+        """The console line of one agent record, None for records that get none."""
+        if isinstance(record, FailureDetected):
+            where = f" after step {record.step}" if record.step is not None else " before the first step"
+            detail = f" ({record.detail})" if record.detail else ""
+            return (f"{record.kind} detected in attempt {record.attempt}{where}: {_ranks(record.ranks)}"
+                    f"{_hosts(record.hosts)}, {record.detection_latency_seconds:.2f}s after the last sign of "
+                    f"life{detail}")
+        if isinstance(record, Diagnosis):
+            evidence = self.cfg.layout.diagnostics_dir(record.attempt)
+            verdict = f"{record.verdict}, " if record.verdict else ""
+            return (f"diagnosis of attempt {record.attempt}: {verdict}culprit {_ranks(record.culprit_ranks)}"
+                    f"{_hosts(record.culprit_hosts)}, category {record.category} "
+                    f"(confidence {record.confidence:.2f}); evidence in {evidence}")
+        if isinstance(record, NodeExcluded):
+            return f"node {record.node} excluded: {record.reason}"
+        if isinstance(record, AttemptStarted) and record.attempt > 0:
+            resume = (f"resuming from the checkpoint of step {record.resume_step}" if record.resume_step is not None
+                      else "from the start (no checkpoint)")
+            return f"restart: attempt {record.attempt} with {record.world_size} ranks, {resume}"
+        return None
+
+    # --- following the event file ----------------------------------------------------------------
+
+    def _new_records(self) -> list[Event]:
+        try:
+            with self._path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read on the next poll
+        self._offset += end
+        out = []
+        for raw in data[:end].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                out.append(from_dict(json.loads(raw)))
+            except Exception as exc:  # a record of a newer schema or a torn line: skip it, keep following
+                log.debug("console: unreadable agent record: %s", exc)
+        return out
+
+    def poll(self) -> None:
+        """Print the lines of the records written since the last poll."""
+        for record in self._new_records():
+            text = self.describe(record)
+            if text is not None:
+                self.line(text)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                self.poll()
+            except Exception as exc:  # the console must never break the run it describes
+                log.debug("console: %s", exc)
+
+    def start(self) -> Console:
+        if not self.quiet:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop following and print what the agent wrote last."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        if not self.quiet:
+            with contextlib.suppress(Exception):
+                self.poll()
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def summary(self, result: Any) -> None:
+        """The closing lines: how it ended, steps, restarts, ETTR, and faults that never fired."""
+        restarts = max(0, int(result.attempts) - 1)
+        steps = "no step completed" if result.completed_steps is None else f"{result.completed_steps} steps"
+        ettr = run_ettr(self.cfg.run_dir) if not self.quiet else None
+        ettr_text = f"ETTR {ettr:.3f}" if ettr is not None else "ETTR n/a"
+        text = (f"summary: {result.status} ({result.reason}); {steps}, {restarts} "
+                f"restart{'s' if restarts != 1 else ''}, {ettr_text}; run dir {self.cfg.run_dir}")
+        self.line(text, always=result.status not in ("completed",))
+        unfired = tuple(getattr(result, "unfired_faults", ()))
+        if unfired:
+            self.line(f"never fired: {'; '.join(unfired)} (the job ended before their step or rank came up)",
+                      always=True)
+

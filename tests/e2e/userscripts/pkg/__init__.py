@@ -1,0 +1,1 @@
+"""A package whose module runs the all-reduce job with ``python -m pkg.job``."""
