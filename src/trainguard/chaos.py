@@ -224,26 +224,37 @@ AUTO_KINDS = ("crash", "exit", "hang", "slow", "desync")
 """Rank faults the automatic hooks can fire in a script that never calls ``trainguard.attach()``."""
 
 
-def check_schedule(faults: list[Fault], world_size_max: int, auto_instrument: bool) -> list[str]:
-    """Problems that keep a schedule from doing what it says, one sentence each (empty: fine).
+def check_schedule(faults: list[Fault], world_size_max: int) -> list[str]:
+    """Problems that make a schedule impossible in this job, one sentence each (empty: fine).
 
-    ``world_size_max`` is the most ranks the job can have (``nnodes max x nproc-per-node``);
-    ``auto_instrument`` is whether the workers get the automatic hooks (``trainguard run``'s default).
-    A script that calls ``trainguard.attach()`` fires every kind; with only the automatic hooks,
-    ``hang-in-collective`` cannot fire (it blocks in an extra process group that every rank must create,
-    which only ``attach()`` does); without automatic instrumentation, rank faults fire only in scripts
-    that call ``attach()`` (not reported: the script is not inspected).
+    ``world_size_max`` is the most ranks the job can have (``nnodes max x nproc-per-node``). The CLI
+    refuses a schedule with problems before launching anything.
     """
     problems: list[str] = []
     for fault in faults:
-        if fault.kind not in RANK_KINDS:
-            continue
         rank = fault.rank or 0
-        if world_size_max > 0 and rank >= world_size_max:
+        if fault.kind in RANK_KINDS and world_size_max > 0 and rank >= world_size_max:
             problems.append(f"{fault.to_spec()}: rank {rank} does not exist (the job has at most "
                             f"{world_size_max} rank{'s' if world_size_max != 1 else ''}, numbered from 0)")
-        if auto_instrument and fault.kind not in AUTO_KINDS:
-            problems.append(f"{fault.to_spec()}: {fault.kind} fires only in scripts that call trainguard.attach() "
-                            f"(the automatic hooks cannot create the extra process group it blocks in); "
-                            f"use hang or desync for an unmodified script")
     return problems
+
+
+def schedule_warnings(faults: list[Fault], auto_instrument: bool) -> list[str]:
+    """Faults that fire only if the script cooperates, which cannot be known before launch.
+
+    With only the automatic hooks, ``hang-in-collective`` cannot fire (it blocks in an extra process
+    group that every rank must create, which only ``trainguard.attach()`` does); without automatic
+    instrumentation no rank fault fires unless the script calls ``attach()``. Such a fault is launched
+    anyway (the script may call ``attach()``), and one that never fired is reported at the end.
+    """
+    out: list[str] = []
+    for fault in faults:
+        if fault.kind not in RANK_KINDS:
+            continue
+        if not auto_instrument:
+            out.append(f"{fault.to_spec()} fires only if the script calls trainguard.attach() "
+                       f"(automatic instrumentation is off)")
+        elif fault.kind not in AUTO_KINDS:
+            out.append(f"{fault.to_spec()} fires only if the script calls trainguard.attach() (the automatic "
+                       f"hooks cannot create the extra process group it blocks in; use hang or desync)")
+    return out

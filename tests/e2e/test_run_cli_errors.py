@@ -74,6 +74,7 @@ def test_bad_input_is_one_line_and_an_exit_code(args: list[str], code: int, word
     (["--event-log-handler", "console"], "--event-log-handler"),
     (["--signals-to-handle", "SIGNOPE"], "unknown signal"),
     (["--inject", "crash@step=1,rank=x"], "--inject"),
+    (["--nproc-per-node", "2", "--inject", "hang@step=3,rank=2"], "rank 2 does not exist"),
 ])
 def test_bad_torchrun_style_values_create_nothing(args: list[str], words: str, tmp_path: Path) -> None:
     cwd = tmp_path / "cwd"

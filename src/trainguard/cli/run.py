@@ -359,16 +359,17 @@ def check_supervisor_options(args: argparse.Namespace) -> None:
 
 
 def check_schedule(faults: list[Any], world_size_max: int, auto_instrument: bool) -> None:
-    """Refuse a chaos schedule that cannot fire in this job (a rank beyond the world size, a rank fault
-    in a script nothing of trainguard is loaded into, ...), through `trainguard.chaos.check_schedule`."""
+    """Refuse a chaos schedule that cannot fire in this job (a rank beyond the world size); warn about
+    faults that fire only if the script calls ``trainguard.attach()`` (the script is not inspected)."""
     from trainguard import chaos
 
-    checker = getattr(chaos, "check_schedule", None)
-    if checker is None or not faults:
+    if not faults:
         return
-    problems = list(checker(faults, world_size_max, auto_instrument))
+    problems = chaos.check_schedule(faults, world_size_max)
     if problems:
         raise UsageError(f"--inject: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    for warning in chaos.schedule_warnings(faults, auto_instrument):
+        print(f"trainguard run: warning: --inject: {warning}", file=sys.stderr)
 
 
 def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nnodes: tuple[int, int],
