@@ -1,30 +1,51 @@
 """trainguard keeps large synchronous PyTorch training jobs training through failures.
 
-The public API is what this module exports. Names that need torch are imported lazily on first use,
-so ``import trainguard`` stays light for the pure analysis.
+The public API is what this module exports. Every name is imported on first use: the automatic
+instrumentation imports parts of this package into every worker when torch loads, so ``import
+trainguard`` itself must cost next to nothing (and nothing here may import torch).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainguard.errors import (
-    EventFormatError,
-    InputError,
-    SchemaVersionError,
-    StorageError,
-    TrainguardError,
-    UsageError,
-)
-from trainguard.eventlog import EventWriter, iter_events, read_events
-from trainguard.events import SCHEMA_VERSION, Event
-from trainguard.rundir import RunDir
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` resolves these lazily
+    from trainguard.checkpoint import Checkpointer
+    from trainguard.classify import classify_paths, classify_text
+    from trainguard.errors import (
+        EventFormatError,
+        InputError,
+        SchemaVersionError,
+        StorageError,
+        TrainguardError,
+        UsageError,
+    )
+    from trainguard.eventlog import EventWriter, iter_events, read_events
+    from trainguard.events import SCHEMA_VERSION, Event
+    from trainguard.fleetdb import FleetDB
+    from trainguard.goodput import GoodputReport, compute_goodput
+    from trainguard.health import HealthConfig, run_checks
+    from trainguard.localize import LocalizationReport, diagnose_path
+    from trainguard.rundir import RunDir
+    from trainguard.worker import attach
 
 __version__ = "0.1.0"
 
-# name -> module that defines it; resolved on first attribute access (torch-dependent parts).
+# name -> module that defines it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
+    "SCHEMA_VERSION": "trainguard.events",
+    "Event": "trainguard.events",
+    "EventFormatError": "trainguard.errors",
+    "InputError": "trainguard.errors",
+    "SchemaVersionError": "trainguard.errors",
+    "StorageError": "trainguard.errors",
+    "TrainguardError": "trainguard.errors",
+    "UsageError": "trainguard.errors",
+    "EventWriter": "trainguard.eventlog",
+    "iter_events": "trainguard.eventlog",
+    "read_events": "trainguard.eventlog",
+    "RunDir": "trainguard.rundir",
     "GoodputReport": "trainguard.goodput",
     "compute_goodput": "trainguard.goodput",
     "FleetDB": "trainguard.fleetdb",
@@ -40,19 +61,29 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Checkpointer",
     "Event",
     "EventFormatError",
     "EventWriter",
+    "FleetDB",
+    "GoodputReport",
+    "HealthConfig",
     "InputError",
+    "LocalizationReport",
     "RunDir",
     "SchemaVersionError",
     "StorageError",
     "TrainguardError",
     "UsageError",
     "__version__",
+    "attach",
+    "classify_paths",
+    "classify_text",
+    "compute_goodput",
+    "diagnose_path",
     "iter_events",
     "read_events",
-    *_LAZY,
+    "run_checks",
 ]
 
 
@@ -60,4 +91,10 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -13,8 +13,8 @@ from typing import Any
 from trainguard import errors
 from trainguard.events import FailureDetected, RunEnded
 from trainguard.launch.config import SupervisorConfig
+from trainguard.protocol import read_heartbeat
 from trainguard.rundir import RunDir
-from trainguard.worker import parse_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,9 @@ def free_port() -> int:
 def _completed_steps(agent: Any) -> int | None:
     best = None
     for path in agent.hb_dir().glob("rank-*"):
-        beat = parse_heartbeat(path.read_bytes())
-        if beat is not None and (best is None or beat["step"] < best):
-            best = beat["step"]
+        beat = read_heartbeat(path)
+        if beat is not None and (best is None or beat.step < best):
+            best = beat.step
     return best
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["StepContext", "Worker", "attach", "parse_heartbeat", "pg_timeout"]
+__all__ = ["StepContext", "Worker", "attach", "pg_timeout"]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,8 +25,6 @@ from trainguard.worker import runtime
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_BYTES = protocol.HEARTBEAT_BYTES
-"""Deprecated alias of `trainguard.protocol.HEARTBEAT_BYTES` (kept while the agent side moves over)."""
 DEFAULT_PG_TIMEOUT_SECONDS = 1800.0
 
 
@@ -34,18 +32,6 @@ def pg_timeout() -> timedelta:
     """The process-group timeout the agent asks for (above its own hang timeout), else torch's default."""
     seconds = protocol.WorkerEnv.from_environ().pg_timeout_seconds or DEFAULT_PG_TIMEOUT_SECONDS
     return timedelta(seconds=max(seconds, 1.0))
-
-
-def parse_heartbeat(data: bytes) -> dict[str, Any] | None:
-    """Deprecated: use `trainguard.protocol.Heartbeat.decode`. The old dict view of a heartbeat.
-
-    Times are now ``time.monotonic()`` seconds (they were wall-clock seconds).
-    """
-    beat = protocol.Heartbeat.decode(data)
-    if beat is None:
-        return None
-    return {"step": beat.step, "time": beat.progress_mono, "duration_seconds": beat.duration_seconds,
-            "phase": beat.phase, "phase_start": beat.phase_start_mono, "steps_done": beat.steps_done}
 
 
 @dataclass

@@ -6,6 +6,7 @@ phase with no optimizer step and no collective, as real scripts have.
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -22,12 +23,14 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--eval-seconds", type=float, default=0.0)
+    p.add_argument("--width", type=int, default=32, help="hidden width of the MLP")
+    p.add_argument("--timing-out", default="", help="rank 0 writes its step times (JSON) here")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     path = os.path.join(args.ckpt_dir, "last.pt")
     start = 0
@@ -38,7 +41,9 @@ def main() -> None:
         start = int(state["step"])
         print(f"rank {rank}: resumed from step {start}", flush=True)
     gen = torch.Generator().manual_seed(1234 + rank)
+    step_seconds: list[float] = []
     for step in range(start + 1, args.steps + 1):
+        t0 = time.perf_counter()
         x = torch.randn(64, 16, generator=gen)
         y = x.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -46,6 +51,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         time.sleep(args.step_seconds)
+        step_seconds.append(time.perf_counter() - t0)
         if step % args.ckpt_every == 0 and rank == 0:
             os.makedirs(args.ckpt_dir, exist_ok=True)
             tmp = path + ".tmp"
@@ -57,6 +63,9 @@ def main() -> None:
             time.sleep(args.eval_seconds)
         if step % 10 == 0 and rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if args.timing_out and rank == 0:
+        with open(args.timing_out, "w") as fh:
+            json.dump({"step_seconds": step_seconds}, fh)
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
