@@ -395,3 +395,48 @@ def read_run(root: str | os.PathLike[str], *, skipped: SkippedRecords | None = N
     if skipped is None and collector.total:
         log.warning("%s: %d bad records skipped (first: %s)", root, collector.total, collector.items[0])
     return out
+
+
+_FOLLOW_CHUNK = 4 * MAX_RECORD_BYTES
+
+
+class EventFollower:
+    """Reads the records appended to one event file since the last call (``tail -f`` for events).
+
+    A line still being written is left for the next call; a bad record is skipped (logged at debug
+    level) so a live view never stops on one. The file need not exist yet.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._line = 0
+
+    def new_records(self) -> list[Event]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return []
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            data = os.pread(fd, _FOLLOW_CHUNK, self._offset)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == _FOLLOW_CHUNK:  # one line longer than any record may be: drop it
+            self._offset += len(data)
+            return []
+        self._offset += end
+        out: list[Event] = []
+        for raw in data[:end].split(b"\n")[:-1]:
+            self._line += 1
+            if not raw.strip():
+                continue
+            try:
+                out.append(parse_record(raw, str(self.path), self._line))
+            except InputError as exc:
+                log.debug("skipping %s", exc)
+        return out

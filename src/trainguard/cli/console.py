@@ -8,14 +8,14 @@ nothing from the agent but the records it writes anyway.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, NodeExcluded, from_dict
+from trainguard.eventlog import EventFollower
+from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, NodeExcluded
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ class Console:
         self.quiet = quiet
         self.stream = stream if stream is not None else sys.stderr
         self.label = label
-        self._path: Path = cfg.layout.agent_events(cfg.node_id)
-        self._offset = 0
+        self._follower = EventFollower(cfg.layout.agent_events(cfg.node_id))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainguard-console", daemon=True)
         self._lock = threading.Lock()
@@ -96,28 +95,9 @@ class Console:
 
     # --- following the event file ----------------------------------------------------------------
 
-    def _new_records(self) -> list[Event]:
-        try:
-            with self._path.open("rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line still being written is read on the next poll
-        self._offset += end
-        out = []
-        for raw in data[:end].splitlines():
-            if not raw.strip():
-                continue
-            try:
-                out.append(from_dict(json.loads(raw)))
-            except Exception as exc:  # a record of a newer schema or a torn line: skip it, keep following
-                log.debug("console: unreadable agent record: %s", exc)
-        return out
-
     def poll(self) -> None:
         """Print the lines of the records written since the last poll."""
-        for record in self._new_records():
+        for record in self._follower.new_records():
             text = self.describe(record)
             if text is not None:
                 self.line(text)

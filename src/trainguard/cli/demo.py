@@ -56,8 +56,9 @@ def final_loss(run_dir: Path, target: int) -> float | None:
     """Loss of the last execution of the target step on rank 0."""
     from trainguard.eventlog import iter_events
     from trainguard.events import StepCompleted
+    from trainguard.protocol import RunLayout
 
-    path = run_dir / "events" / "rank-0.jsonl"
+    path = RunLayout(run_dir).rank_events(0)
     loss = None
     if path.exists():
         for _, e in iter_events(path):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
 import signal
@@ -32,7 +31,8 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from trainguard import chaos
-from trainguard.eventlog import EventWriter
+from trainguard.errors import TrainguardError
+from trainguard.eventlog import EventWriter, iter_events
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -233,11 +233,10 @@ class GuardAgent(LocalElasticAgent):
         """1 + the highest attempt any agent of this run dir closed (0 when none did)."""
         top = -1
         for path in self.layout.events_dir.glob("agent-*.jsonl"):
-            with contextlib.suppress(OSError):
-                for line in path.read_text().splitlines():
-                    if '"attempt_ended"' in line:
-                        with contextlib.suppress(ValueError, KeyError, TypeError):
-                            top = max(top, int(json.loads(line)["attempt"]))
+            with contextlib.suppress(TrainguardError):  # an unreadable file tells nothing about attempts
+                for _, record in iter_events(path):
+                    if isinstance(record, AttemptEnded):
+                        top = max(top, record.attempt)
         return top + 1
 
     def _worker_environ(self) -> dict[str, str]:
