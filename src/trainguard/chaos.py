@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UsageError
+from trainguard.safefs import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +168,11 @@ class Injector:
                 log.warning("chaos: %s needs trainguard.attach() in the script; not firing", fault.to_spec())
             return False
         marker = self.marker_dir / f"fired-{fault.index}"
-        if marker.exists():
-            return False
         try:
-            self.marker_dir.mkdir(parents=True, exist_ok=True)
-            marker.write_text(f"{fault.to_spec()} attempt={self.attempt} rank={self.rank}\n")
+            return create_exclusive(marker, f"{fault.to_spec()} attempt={self.attempt} rank={self.rank}\n".encode())
         except OSError as exc:
             log.warning("chaos: cannot write marker %s (%s); not firing", marker, exc)
             return False
-        return True
 
     def note_step_seconds(self, seconds: float) -> None:
         self._last_step_seconds = seconds

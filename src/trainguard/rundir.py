@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard import safefs
 from trainguard.errors import StorageError
 from trainguard.eventlog import EventWriter, SkippedRecords, read_run, run_event_files
 from trainguard.events import Event
@@ -23,34 +24,16 @@ from trainguard.names import check_name
 
 log = logging.getLogger(__name__)
 
-DIR_MODE = 0o750
-"""Mode of the folders a run creates: the owner writes, the group reads (logs and evidence may hold
-paths, host names and data samples), others see nothing, whatever the umask."""
+DIR_MODE = safefs.DIR_MODE
 
 
 def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
-    """Create ``path`` and any missing parents with ``mode`` (not the umask's); folders that already
-    exist keep their mode. Raises `StorageError` when a folder cannot be created."""
+    """`trainguard.safefs.make_dirs` with a `StorageError` (exit 4) naming the folder on failure."""
     target = Path(path)
-    missing: list[Path] = []
-    p = target
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir(mode)
-        except FileExistsError:  # another process made it first: it is theirs, leave its mode alone
-            continue
-        except OSError as exc:
-            raise StorageError(f"cannot create folder {d}: {exc.strerror or exc}") from None
-        try:
-            # mkdir's mode is filtered by the umask (077 would give 0700, 000 gives 0777): set it outright
-            os.chmod(d, mode)
-        except OSError as exc:
-            raise StorageError(f"cannot set the mode of folder {d}: {exc.strerror or exc}") from None
+    try:
+        safefs.make_dirs(target, mode)
+    except OSError as exc:
+        raise StorageError(f"cannot create folder {exc.filename or target}: {exc.strerror or exc}") from None
     if not target.is_dir():
         raise StorageError(f"cannot create folder {target}: a file of that name exists")
     return target

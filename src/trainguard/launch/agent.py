@@ -51,6 +51,7 @@ from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
+from trainguard.safefs import make_dirs, write_private
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,7 @@ class GuardAgent(LocalElasticAgent):
             if (f.attempt if f.attempt is not None else 0) != self.attempt:
                 continue
             marker = self.layout.chaos_dir / f"unhealthy-{self.cfg.node_id}"
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(f"{f.to_spec()}\n")
+            write_private(marker, f"{f.to_spec()}\n".encode())
             self.emit(FaultInjected(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
                                     rank=-1, step=0, kind="unhealthy", params={"node": self.cfg.node_id}))
 
@@ -264,7 +264,7 @@ class GuardAgent(LocalElasticAgent):
             del os.environ["PYTHONPATH"]
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        self.diag_dir().mkdir(parents=True, exist_ok=True)
+        make_dirs(self.diag_dir())
         mono = time.monotonic()
         self.watchdog.new_attempt(mono)
         self._last_alive_mono = mono

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainguard.launch.blame import backend_of, default_group_enqueued, is_stopped
 from trainguard.protocol import rank_of
+from trainguard.safefs import make_dirs, write_private
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def gather(
     """``live``: rank -> pid of processes still running; ``logs``: rank -> its log files."""
     from trainguard.worker.control import request
 
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     ev = Evidence(directory)
     ask: dict[int, int] = {}
     for rank, pid in sorted(live.items()):
@@ -118,7 +119,7 @@ def gather(
                     ev.no_channel.append(rank)
     for rank, paths in sorted(logs.items()):
         text = "".join(f"==> {p.name} <==\n{_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
-        (directory / f"log_tail_rank_{rank}.txt").write_text(text)
+        write_private(directory / f"log_tail_rank_{rank}.txt", text.encode())
     for p in sorted(directory.iterdir()):
         if not p.name.startswith("."):
             ev.files.append(str(p.relative_to(run_root)))

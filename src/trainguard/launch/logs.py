@@ -9,6 +9,7 @@ from collections.abc import Callable
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
 from trainguard.launch.config import SupervisorConfig
+from trainguard.safefs import make_dirs
 
 
 class RunDirLogs(LogsSpecs):
@@ -34,7 +35,7 @@ class RunDirLogs(LogsSpecs):
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         attempt = self._attempt()
-        self._layout.logs_dir(attempt).mkdir(parents=True, exist_ok=True)
+        make_dirs(self._layout.logs_dir(attempt))
         dest = LogsDest()
         for local_rank, env in envs.items():
             rank = int(env.get("RANK", str(local_rank)))

@@ -26,8 +26,8 @@ from trainguard import chaos
 from trainguard.eventlog import EventWriter
 from trainguard.events import Event, FaultInjected, StepCompleted
 from trainguard.protocol import SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
+from trainguard.safefs import open_heartbeat
 from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready, write_evidence
-from trainguard.worker.files import open_heartbeat
 from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read_pg_status
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,10 @@
-"""Files a worker writes for the agent, written so that nobody else can redirect them.
+"""Folders and files trainguard creates: fixed modes whatever the umask, and nothing another user can redirect.
 
-Evidence goes only into the folder fixed at worker start; the folder must be a real directory owned by
-this user (a symlink planted in its place is refused), and every file is first created exclusively under
-a random name (``O_EXCL|O_NOFOLLOW``: a planted symlink or file makes the create fail instead of being
-followed) and then renamed into place, which replaces a planted entry instead of writing through it.
+Folders are created ``0750`` and files ``0640`` (a ``umask 000`` shell must not make them world-writable).
+Evidence goes only into a folder that is a real directory owned by this user (a symlink planted in its
+place is refused), and every file is first created exclusively under a random name
+(``O_EXCL|O_NOFOLLOW``: a planted symlink or file makes the create fail instead of being followed) and
+then renamed into place, which replaces a planted entry instead of writing through it.
 """
 
 from __future__ import annotations
@@ -18,18 +19,20 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DIR_MODE = 0o750
-"""Folders a worker creates: the owner writes, the group reads, others see nothing."""
+"""Folders trainguard creates: the owner writes, the group reads, others see nothing."""
 FILE_MODE = 0o640
 
 
 class UnsafePathError(OSError):
-    """A folder the worker would write into is a symlink, not a directory, or someone else's."""
+    """A folder trainguard would write into is a symlink, not a directory, or someone else's."""
 
 
-def _mkdir_chain(path: Path) -> None:
-    """Create missing folders of ``path`` with `DIR_MODE` (not the umask's), parents first."""
+def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
+    """``mkdir -p`` giving every folder it creates exactly ``mode`` (not the umask's); folders that already
+    exist keep theirs. Raises `OSError` when a folder cannot be created."""
+    target = Path(path)
     missing: list[Path] = []
-    p = path
+    p = target
     while not os.path.lexists(p):
         missing.append(p)
         if p.parent == p:
@@ -37,11 +40,12 @@ def _mkdir_chain(path: Path) -> None:
         p = p.parent
     for folder in reversed(missing):
         try:
-            os.mkdir(folder, DIR_MODE)
+            os.mkdir(folder, mode)
         except FileExistsError:
-            continue  # another rank created it first
-        with contextlib.suppress(OSError):
-            os.chmod(folder, DIR_MODE, follow_symlinks=False)
+            continue  # another process created it first: it is theirs, leave its mode alone
+        # mkdir's mode is filtered by the umask (077 would give 0700, 000 gives 0777): set it outright
+        os.chmod(folder, mode, follow_symlinks=False)
+    return target
 
 
 def open_private_dir(path: Path) -> int:
@@ -50,7 +54,7 @@ def open_private_dir(path: Path) -> int:
     Raises `UnsafePathError` when ``path`` itself is a symlink or not a directory, or is owned by
     another user; `OSError` when it cannot be created.
     """
-    _mkdir_chain(path)
+    make_dirs(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -103,3 +107,30 @@ def open_heartbeat(directory: Path, name: str) -> int:
         os.close(fd)
         raise UnsafePathError(errno.EINVAL, f"heartbeat {directory / name} is not a regular file")
     return fd
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` with `FILE_MODE` in its folder (created `DIR_MODE` if missing), via `write_file_at`."""
+    dfd = open_private_dir(path.parent)
+    try:
+        write_file_at(dfd, path.name, data)
+    finally:
+        os.close(dfd)
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Create ``path`` with `FILE_MODE` holding ``data`` unless it exists (True when this call created it).
+
+    The create is atomic (``O_EXCL``), so of two processes racing for one marker exactly one wins;
+    a symlink under the name counts as existing and is never followed.
+    """
+    make_dirs(path.parent)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return True
