@@ -4,7 +4,8 @@ Grammar: faults separated by ``;``, each ``KIND@key=value,...`` (``KIND`` alone 
 with no required keys), e.g. ``crash@step=30,rank=1;hang@step=60,rank=2;slow@step=0,rank=3,factor=1.3``.
 A fault fires once per run: a marker file ``<run_dir>/chaos/fired-<index>`` is written just before it
 fires, so a restart that re-executes the step does not fire it again. ``attempt=K`` restricts a fault
-to attempt K. Node-level faults (``unhealthy@node=N``) are applied by the supervisor, not by ranks.
+to attempt K. ``sdc@step=S,rank=R`` flips one bit of rank R's parameters right after step S-1's optimizer update
+(the start of step S). Node-level faults (``unhealthy@node=N``) are applied by the supervisor, not by ranks.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainguard.errors import UsageError
 from trainguard.safefs import create_exclusive
 
 log = logging.getLogger(__name__)
 
-RANK_KINDS = ("crash", "exit", "hang", "hang-in-collective", "slow", "desync")
+RANK_KINDS = ("crash", "exit", "hang", "hang-in-collective", "slow", "desync", "sdc")
 """Faults fired inside a rank at the start of a step."""
 NODE_KINDS = ("unhealthy",)
 """Faults the node agent applies before a (re)start."""
@@ -37,10 +38,23 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "hang-in-collective": ({"step"}, {"rank"}),
     "slow": ({"step"}, {"rank", "factor"}),
     "desync": ({"step"}, {"rank"}),
+    "sdc": ({"step"}, {"rank"}),
     "unhealthy": ({"node"}, set()),
 }
 _INT_KEYS = {"step", "rank", "code", "attempt"}
 _FLOAT_KEYS = {"factor"}
+
+
+class CorruptionTarget(Protocol):
+    """What ``sdc`` flips a bit in (`trainguard.worker.sdc.SdcChecker`: the lead optimizer's parameters)."""
+
+    def ready(self) -> bool:
+        """Whether there is something to corrupt yet (an optimizer has stepped)."""
+        ...
+
+    def corrupt(self) -> str:
+        """Flip one bit now; a description of which."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -152,9 +166,13 @@ class Injector:
         self._record = record
         self.chaos_group = chaos_group
         """The extra process group ``hang-in-collective`` blocks in (every rank must create it)."""
+        self.sdc_target: CorruptionTarget | None = None
+        """The parameters ``sdc`` corrupts, set by the worker's SDC module when it loads."""
         self._slow_factor: float | None = None
         self._skipped: set[int] = set()
         self._last_step_seconds = 0.0
+        self._last_start_mono: float | None = None
+        self._last_pause = 0.0
 
     def _claim(self, fault: Fault) -> bool:
         """True if this fault should fire now; writes its marker so it never fires again."""
@@ -167,6 +185,13 @@ class Injector:
                 self._skipped.add(fault.index)
                 log.warning("chaos: %s needs trainguard.attach() in the script; not firing", fault.to_spec())
             return False
+        if fault.kind == "sdc" and (self.sdc_target is None or not self.sdc_target.ready()):
+            # No parameters known yet (no optimizer step in this process): try again at the next step.
+            if self.sdc_target is None and fault.index not in self._skipped:
+                self._skipped.add(fault.index)
+                log.warning("chaos: %s has no parameters to corrupt here (no SDC module); not firing yet",
+                            fault.to_spec())
+            return False
         marker = self.marker_dir / f"fired-{fault.index}"
         try:
             return create_exclusive(marker, f"{fault.to_spec()} attempt={self.attempt} rank={self.rank}\n".encode())
@@ -178,8 +203,15 @@ class Injector:
         self._last_step_seconds = seconds
 
     def on_step_start(self, step: int) -> None:
-        if self._slow_factor is not None and self._last_step_seconds > 0:
-            time.sleep(self._last_step_seconds * (self._slow_factor - 1.0) / self._slow_factor)
+        now = time.monotonic()
+        if self._slow_factor is not None:
+            # The rank's own pace is the time between step starts without our pause. (The step duration it
+            # reports is no measure: with attach() the pause precedes the step's clock, so 1.3 gave 1.23x.)
+            base = (now - self._last_start_mono - self._last_pause if self._last_start_mono is not None
+                    else self._last_step_seconds)
+            self._last_pause = max(0.0, base) * (self._slow_factor - 1.0)
+            time.sleep(self._last_pause)
+        self._last_start_mono = now
         for fault in self.faults:
             if fault.step is not None and step >= fault.step and self._claim(fault):
                 self._fire(fault, step)
@@ -192,6 +224,12 @@ class Injector:
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "exit":
             os._exit(int(fault.params.get("code", 1)))
+        elif fault.kind == "sdc":
+            try:
+                assert self.sdc_target is not None  # _claim checked it
+                log.warning("chaos: sdc on rank %d: %s", self.rank, self.sdc_target.corrupt())
+            except Exception as exc:  # a fault that cannot be applied must not break training
+                log.warning("chaos: sdc could not flip a bit (%s)", exc)
         elif fault.kind == "slow":
             self._slow_factor = float(fault.params.get("factor", 2.0))
         elif fault.kind == "hang":
@@ -217,7 +255,7 @@ class Injector:
         return any(f.kind == "hang-in-collective" for f in faults)
 
 
-AUTO_KINDS = ("crash", "exit", "hang", "slow", "desync")
+AUTO_KINDS = ("crash", "exit", "hang", "slow", "desync", "sdc")
 """Rank faults the automatic hooks can fire in a script that never calls ``trainguard.attach()``."""
 
 

@@ -287,6 +287,56 @@ class NodeExcluded(Event):
     """Spare node that took its place, if any."""
 
 
+# --- stragglers and telemetry ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerDetected(Event):
+    """A rank held back a synchronous job for several windows in a row (`trainguard.stragglers`)."""
+
+    TYPE: ClassVar[str] = "straggler_detected"
+    attempt: int
+    rank: int
+    """The slow rank."""
+    node: str = ""
+    """Host (node id) of the slow rank."""
+    step: int = 0
+    """Step at which it was named."""
+    onset_step: int = 0
+    """First step of the slow stretch."""
+    slowdown: float = 1.0
+    """Job step time with the rank / without it (median over the slow stretch)."""
+    cost_seconds: float = 0.0
+    """Job time the rank had cost when named (what-if: the same steps without it)."""
+    signal: str = ""
+    """Evidence used: ``phases`` (own work vs. comm_wait) or ``flight-recorder`` (collective arrival times)."""
+    action: str = "report"
+    """Policy applied: ``report`` or ``exclude-next-restart`` (the node leaves at the next restart)."""
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySample(Event):
+    """One reading of one device's thermal and power state (`trainguard.telemetry`); absent values are null."""
+
+    TYPE: ClassVar[str] = "telemetry_sample"
+    source: str = ""
+    """``gpu`` (NVML) or ``cpu`` (/sys cpufreq and thermal zones)."""
+    device: str = ""
+    """``gpu<i>`` or ``cpu`` (all CPUs of the host in one record)."""
+    temperature_c: float | None = None
+    """GPU core temperature; for ``cpu`` the hottest thermal zone."""
+    clock_mhz: float | None = None
+    """Current SM clock (GPU) or mean current CPU frequency."""
+    max_clock_mhz: float | None = None
+    """Highest clock the device can run at (NVML max SM clock, cpuinfo_max_freq)."""
+    power_watts: float | None = None
+    """Board power draw (GPU only)."""
+    throttle_reasons: int | None = None
+    """NVML clocks-event-reason bit mask (0x4 power cap, 0x8 HW slowdown, 0x20 SW thermal, 0x40 HW thermal,
+    0x80 power brake); null where not available."""
+
+
 RECORD_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -307,6 +357,8 @@ RECORD_TYPES: dict[str, type[Event]] = {
         Diagnosis,
         HealthCheckResult,
         NodeExcluded,
+        StragglerDetected,
+        TelemetrySample,
     )
 }
 

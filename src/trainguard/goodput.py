@@ -39,8 +39,11 @@ log = logging.getLogger(__name__)
 
 PRODUCTIVE = "productive"
 # Badput buckets, in priority order: where intervals overlap, the earlier label wins.
-BUCKETS = ("checkpoint_save", "checkpoint_restore", "lost_progress", "detection", "startup", "restart", "other")
-_PRIORITY = ("checkpoint_save", "checkpoint_restore", PRODUCTIVE, "lost_progress", "detection", "startup", "restart")
+BUCKETS = ("checkpoint_save", "checkpoint_restore", "lost_progress", "detection", "startup", "restart", "straggler",
+           "other")
+# ``straggler`` outranks productive: it is the part of kept steps a named slow rank added (trainguard.stragglers).
+_PRIORITY = ("checkpoint_save", "checkpoint_restore", "straggler", PRODUCTIVE, "lost_progress", "detection", "startup",
+             "restart")
 _RANK = {label: i for i, label in enumerate(_PRIORITY)}
 
 
@@ -373,10 +376,12 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
     excluded (`judge_records`); both are listed in the report and counted in its warnings.
     """
     skipped = SkippedRecords(keep=LISTED)
+    root = None
     if isinstance(run, list):
         loaded, run_id = run, ""
     else:
         rd = run if isinstance(run, RunDir) else RunDir(run)
+        root = rd.root
         loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(rd.root, skipped=skipped)]
         run_id = rd.run_id
     loaded, excluded = judge_records(loaded)
@@ -482,6 +487,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
             detected = [t(f) for f in failures[a]]
             gap_from = min(detected) if detected else attempt_end.get(a, o if o is not None else attempt_start[nxt[0]])
             iv.append((gap_from, attempt_start[nxt[0]], "restart", a))
+    iv.extend(_straggler_intervals(records, root, redo_from))
     for e in records:
         if isinstance(e, CheckpointSaveFinished):
             start = save_starts.get((e.attempt, e.rank, e.step), t(e) - e.total_seconds)
@@ -494,7 +500,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
     by_owner: dict[int, float] = defaultdict(float)
     for (label, owner), secs in spent.items():
         by_label[label] += secs
-        if label not in (PRODUCTIVE, "other", "checkpoint_save"):
+        if label not in (PRODUCTIVE, "other", "checkpoint_save", "straggler"):
             by_owner[owner] += secs
 
     interruptions: list[Interruption] = []
@@ -536,6 +542,20 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
         excluded_records=excluded[:LISTED],
         excluded_records_total=len(excluded),
     )
+
+
+def _straggler_intervals(records: list[Event], root: Any,
+                         redo_from: dict[int, float]) -> list[tuple[float, float, str, int]]:
+    """``[end - saved, end]`` of every kept step a named straggler slowed: the time it would not have taken."""
+    from trainguard.stragglers import analyze, read_arrivals
+
+    try:
+        found = analyze(records, read_arrivals(root) if root is not None else None).stragglers
+    except Exception as exc:  # the straggler bucket must never cost the rest of the report
+        log.warning("straggler accounting skipped: %s", exc)
+        return []
+    return [(end - saved, end, "straggler", attempt) for s in found for attempt, step, end, saved in s.saved_by_step
+            if saved > 0 and step < redo_from.get(attempt, float("inf"))]
 
 
 def _throughput(blocks: list[_Block], lo: float, hi: float, bins: int = 60) -> list[tuple[float, float]]:

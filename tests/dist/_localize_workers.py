@@ -4,7 +4,10 @@ Run as ``python _localize_workers.py SCENARIO WORLD OUTDIR RANK``. Rank 0 opens 
 OS-chosen port and writes it to OUTDIR/port. Each rank dumps its flight recorder from a background
 thread one second after reaching the faulty step (the main thread may be blocked in a collective),
 to OUTDIR/fr_trace_rank_<r>.pkl, then writes OUTDIR/done_<r>. The test kills the processes.
-Scenarios: skip, desync, size, die, subgroup (see SCENARIOS in test_localize_real_dumps.py).
+Scenarios: skip, desync, size, die, subgroup, and with send/recv (gloo records none of them):
+pipeline (4 stages; stage 2 receives but never sends) and tp_pipeline (2 stages of 2 tensor-parallel
+ranks; rank 0 skips one send). The send/recv scenarios use a 4 s process-group timeout and dump twice:
+during the hang (OUTDIR) and after the timeout made gloo retire the waiting work (OUTDIR/late).
 """
 
 from __future__ import annotations
@@ -45,8 +48,68 @@ def _dump(path: Path) -> None:
     tmp.rename(path)
 
 
+_P2P_TIMEOUT = 4.0
+"""Process-group timeout of the send/recv scenarios: short, so the run also shows gloo after it."""
+
+
+def _p2p_job(scenario: str, world: int, out: Path, rank: int) -> None:
+    """A job whose ranks also send and receive: a pipeline, or pipeline stages of tensor-parallel pairs."""
+    import torch
+    import torch.distributed as dist
+
+    store, _ = _port(out, rank, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=_P2P_TIMEOUT))
+    tp = None
+    if scenario == "tp_pipeline":  # stage 0 = ranks 0, 1; stage 1 = ranks 2, 3; tp pairs within a stage
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        tp = groups[rank // 2]
+        width, stages = 2, 2
+    else:
+        width, stages = 1, world
+    stage = rank // width
+    final = threading.Event()
+
+    def dumper() -> None:
+        final.wait()
+        time.sleep(1.0)
+        _dump(out / f"fr_trace_rank_{rank}.pkl")
+        time.sleep(_P2P_TIMEOUT + 2.0)  # every waiting op has timed out by now: gloo retired it
+        (out / "late").mkdir(exist_ok=True)
+        _dump(out / "late" / f"fr_trace_rank_{rank}.pkl")
+        (out / f"ready_rank_{rank}.flag").write_text("ok")
+
+    threading.Thread(target=dumper, daemon=True).start()
+    t = torch.ones(4)
+    steps = 5  # enough steady steps before the fault for op-id gaps to show a pattern
+    try:
+        for step in range(1, steps + 1):
+            if step == 2:
+                # A snapshot before the fault (also warms up the first, slow, dump with stack traces).
+                (out / "healthy").mkdir(exist_ok=True)
+                _dump(out / "healthy" / f"fr_trace_rank_{rank}.pkl")
+            if step == steps:
+                final.set()
+            if stage > 0:
+                dist.recv(t, rank - width)
+            if scenario == "pipeline" and rank == 2 and step == steps:
+                time.sleep(3600)  # received its input, never sends its output
+            if tp is not None:
+                dist.all_reduce(t, group=tp)
+            if stage < stages - 1 and not (scenario == "tp_pipeline" and rank == 0 and step == steps):
+                dist.send(t, rank + width)
+            dist.all_reduce(t)
+    except Exception as exc:  # the timeout: keep the process for the late dump
+        print(f"rank {rank}: {exc.__class__.__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
+    final.set()
+    time.sleep(3600)
+
+
 def main() -> None:
     scenario, world, out, rank = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    if scenario in ("pipeline", "tp_pipeline"):
+        _p2p_job(scenario, world, out, rank)
+        return
     import torch
     import torch.distributed as dist
 

@@ -48,7 +48,7 @@ def _resume(tmp: Path, ckpt: Path, expected_start: int, reference_losses: dict[s
 
 def test_fault_free_run_commits_every_interval(reference: tuple[Path, dict[str, float]]) -> None:
     ckpt, _ = reference
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4", "step-6", "step-8"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [".trainguard.lock", "step-2", "step-4", "step-6", "step-8"]
     manifest = json.loads((ckpt / "step-8" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(manifest["files"])
@@ -137,6 +137,29 @@ def test_corrupt_checkpoints_are_rejected_newest_complete_is_used(
     assert "missing" in rejected[1].reason
     assert "manifest" in rejected[2].reason
     assert len(list(ckpt.glob(".rejected-step-*"))) == 3  # moved aside, not deleted
+
+
+@pytest.mark.slow
+def test_damaged_manifests_and_escaping_paths_fall_back_on_every_rank(
+    tmp_path: Path, reference: tuple[Path, dict[str, float]]
+) -> None:
+    """Each of these used to kill both ranks with a traceback (or hang them) instead of falling back."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    data = json.loads((ckpt / "step-8" / "manifest.json").read_text())
+    data["time"] = "yesterday"
+    (ckpt / "step-8" / "manifest.json").write_text(json.dumps(data))
+    (ckpt / "step-6" / "manifest.json").unlink()
+    (ckpt / "step-6" / "manifest.json").symlink_to("/dev/zero")
+    data = json.loads((ckpt / "step-4" / "manifest.json").read_text())
+    data["files"]["../../../../etc/hostname"] = {"size": 1, "checksum": "0" * 16}
+    (ckpt / "step-4" / "manifest.json").write_text(json.dumps(data))
+
+    _resume(tmp_path, ckpt, 2, reference[1])
+    rejected = [e for e in read_events(tmp_path / "resume-events-rank0.jsonl") if isinstance(e, CheckpointRejected)]
+    assert [e.step for e in rejected] == [8, 6, 4]
+    assert "time" in rejected[0].reason and "symlink" in rejected[1].reason and "plain name" in rejected[2].reason
+    assert len(list(ckpt.glob(".rejected-step-*"))) == 3
 
 
 @pytest.fixture

@@ -96,3 +96,46 @@ def test_hang_inside_a_subgroup_while_other_groups_are_healthy(tmp_path: Path) -
     assert prob.waiting_ranks == (2,)
     assert set(prob.group_ranks) == {2, 3}
     assert prob.process_group != "0"
+
+
+# --- jobs that also send and receive: gloo records no send/recv ----------------------------------------
+
+
+def test_pipeline_stage_that_never_sends_is_a_hang_not_healthy(tmp_path: Path) -> None:
+    # 4 stages; stage 2 receives its input and never sends: stage 3 waits in a receive gloo does not
+    # record, stages 0 and 1 wait in the next all-reduce. Every recorded collective matches.
+    out = run_job(tmp_path, "pipeline", 4)
+    for snapshot in (out, out / "late"):  # during the hang, and after gloo timed the waiting work out
+        rep = diagnose_path(snapshot)
+        assert rep.verdict == "hang", (snapshot, rep.explanation)
+        assert rep.culprit_ranks == (2, 3)
+        assert rep.process_group == "0" and rep.collective_seq == 5 and rep.op == "all_reduce"
+        assert rep.problems[0].waiting_ranks == (0, 1)
+        assert any(m.startswith("send/recv") for m in rep.problems[0].missing_records)
+        assert "gloo records no send/recv" in rep.explanation
+    assert "retired" in diagnose_path(out / "late").explanation
+    # before the fault: nothing recorded is wrong, but the unrecorded send/recv could hide a hang
+    before = diagnose_path(out / "healthy")
+    assert before.verdict == "insufficient-evidence", before.explanation
+    assert before.culprit_ranks == () and any(m.startswith("send/recv") for m in before.missing_records)
+
+
+def test_skipped_send_between_tensor_parallel_stages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # stages {0, 1} -> {2, 3}, tp pairs within a stage; rank 0 skips one send and goes on to the
+    # all-reduce: rank 2 waits in its receive, so its tp partner 3 waits in the tp all-reduce.
+    out = run_job(tmp_path, "tp_pipeline", 4)
+    for snapshot in (out, out / "late"):
+        rep = diagnose_path(snapshot)
+        assert rep.verdict == "p2p-hang", (snapshot, rep.explanation)
+        assert rep.culprit_ranks == (0,)
+        assert rep.process_group == "0" and rep.collective_seq is None
+        assert set(rep.problems[0].waiting_ranks) == {2, 3}
+        by_group = {p.process_group: p for p in rep.problems if p.verdict == "hang"}
+        tp = [p for g, p in by_group.items() if g != "0"]
+        assert len(tp) == 1 and tp[0].culprit_ranks == (2,) and tp[0].waiting_ranks == (3,)
+        assert tp[0].blocked_by == (0,)
+        assert by_group["0"].culprit_ranks == (2, 3)
+    from trainguard.cli import main
+
+    assert main(["diagnose", str(out), "--json"]) == 1
+    assert '"verdict": "p2p-hang"' in capsys.readouterr().out

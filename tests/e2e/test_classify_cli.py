@@ -23,8 +23,8 @@ def test_json_output_is_one_list_with_the_documented_fields() -> None:
     first = docs[0]
     assert first["group"] == "GPU" and first["host"] == "gpu-node-0412" and first["gpu"] == "0000:18:00"
     assert first["evidence"][0]["line"] == 3
-    assert set(first["evidence"][0]) == {"file", "line", "text", "rule", "category"}
-    for key in ("source", "confidence", "explanation", "alternatives", "xids", "verdict", "lines",
+    assert set(first["evidence"][0]) == {"file", "line", "text", "rule", "category", "explained_by"}
+    for key in ("source", "confidence", "device", "explanation", "alternatives", "xids", "verdict", "lines",
                 "truncated_lines", "files", "skipped"):
         assert key in first
 
@@ -77,6 +77,24 @@ def test_reads_standard_input() -> None:
     assert r.returncode == 0, r.stderr
     [doc] = json.loads(r.stdout)
     assert doc["category"] == "GPU System Processor" and doc["evidence"][0]["file"] == "<stdin>"
-    r = subprocess.run([sys.executable, "-m", "trainguard", "classify", "-"], input=b"\x00\x01\x02" * 100,
-                       capture_output=True, timeout=60)
-    assert r.returncode == 3 and b"binary" in r.stderr
+    rb = subprocess.run([sys.executable, "-m", "trainguard", "classify", "-"], input=b"\x00\x01\x02" * 100,
+                        capture_output=True, timeout=60)
+    assert rb.returncode == 3 and b"binary" in rb.stderr
+
+
+def test_upstream_cause_and_its_consequences_in_both_outputs(tmp_path: Path) -> None:
+    case = CORPUS / "aer_switch_fatal_gpus_off.dmesg"
+    r = tg("--json", str(case))
+    assert r.returncode == 0, r.stderr
+    [doc] = json.loads(r.stdout)
+    assert (doc["category"], doc["device"], doc["gpu"]) == ("IO Expansion Board", "0000:16:00", None)
+    consequences = [e for e in doc["evidence"] if e["explained_by"]]
+    assert consequences and {e["explained_by"] for e in consequences} == {f"{case}:1"}
+    r = tg(str(case))
+    assert "suspect: device 0000:16:00" in r.stdout
+    assert f"[Faulty GPU, consequence of {case}:1]" in r.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[rule]]\nid='x'\ncategory='CPU'\nconfidence=0.5\nkeywords=['x']\npattern='x'\n"
+                   "explains = {categories = ['NIC'], scope = 'rack'}\n")
+    r = tg("--rules", str(bad), str(case))
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "explains.scope" in r.stderr

@@ -178,7 +178,8 @@ def test_retention_and_interval(tmp_path: Path) -> None:
             saved.append(step)
     ckpt.close()
     assert saved == [2, 4, 6, 8, 10]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-10", "step-4", "step-8"]
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [".trainguard.lock", "step-10", "step-4", "step-8"]  # the lock file stays (see lock.py)
     target = {"x": torch.zeros(6)}
     assert Checkpointer(tmp_path / "ckpt").restore(target) == 10
     assert torch.equal(target["x"], torch.arange(6.0) + 10)  # staged copy, not a later mutation

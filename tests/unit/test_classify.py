@@ -200,7 +200,8 @@ def test_to_json_has_the_documented_fields() -> None:
     doc = classify_text(XID79, "k.log").to_json()
     assert set(doc) >= {"source", "category", "group", "confidence", "evidence", "host", "gpu"}
     assert doc["evidence"][0] == {"file": "k.log", "line": 1, "text": XID79, "rule": "xid-79",
-                                  "category": "Faulty GPU"}
+                                  "category": "Faulty GPU", "explained_by": None}
+    assert doc["device"] == "0000:3b:00"
     json.dumps(doc)
 
 

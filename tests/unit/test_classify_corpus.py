@@ -1,4 +1,5 @@
-"""Every excerpt of the log corpus gets the category, evidence line and suspect its manifest names."""
+"""Every excerpt of the log corpus gets the category, evidence line and suspect its manifest names, and where an
+upstream failure explains later errors, those come after it and are attributed to it (cause before consequence)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,19 @@ CORPUS = Path(__file__).with_name("corpus")
 CASES: list[dict[str, Any]] = tomllib.loads((CORPUS / "manifest.toml").read_text())["case"]
 
 
+def _key_file(case: dict[str, Any]) -> Path:
+    """The file the key line is in: the case itself, or ``key_file`` inside a case that is a directory."""
+    return CORPUS / case["file"] / case["key_file"] if "key_file" in case else CORPUS / case["file"]
+
+
+def _where(case: dict[str, Any], ref: int | str) -> tuple[str, int]:
+    """A consequence as (file, line): an int is a line of the key file, ``name:line`` a file of the case dir."""
+    if isinstance(ref, int):
+        return str(_key_file(case)), ref
+    name, line = ref.rsplit(":", 1)
+    return str(CORPUS / case["file"] / name), int(line)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["file"] for c in CASES])
 def test_corpus_case(case: dict[str, Any]) -> None:
     [c] = classify_paths([CORPUS / case["file"]], verdict=case.get("verdict"))
@@ -21,23 +35,42 @@ def test_corpus_case(case: dict[str, Any]) -> None:
     assert c.group == CATEGORIES.get(case["category"], "Unknown")
     if case["line"]:
         assert c.evidence, "expected an evidence line"
-        assert c.evidence[0].line == case["line"], c.evidence[0]
-        assert c.evidence[0].file == str(CORPUS / case["file"])
-        assert c.evidence[0].text
+        key = c.evidence[0]
+        assert (key.file, key.line) == (str(_key_file(case)), case["line"]), key
+        assert key.text and key.explained_by is None
     else:
         assert not [e for e in c.evidence if e.category == case["category"]]
-    if "gpu" in case:
-        assert c.gpu == case["gpu"]
-    if "host" in case:
-        assert c.host == case["host"]
+    for k in ("gpu", "host", "device"):
+        if k in case:
+            assert getattr(c, k) == case[k], k
     if case["category"] == "Unknown":
         assert c.confidence <= 0.2
     else:
         assert 0.0 < c.confidence <= 0.99
 
 
-def test_corpus_covers_every_table5_category_and_app_xids() -> None:
-    assert len(CASES) >= 40
+@pytest.mark.parametrize("case", [c for c in CASES if "consequences" in c],
+                         ids=[c["file"] for c in CASES if "consequences" in c])
+def test_corpus_consequences_follow_their_cause(case: dict[str, Any]) -> None:
+    """The lines the manifest names as consequences are in the evidence, explained by the key line, and come
+    after it in the log; the key line itself is explained by nothing."""
+    [c] = classify_paths([CORPUS / case["file"]])
+    key = c.evidence[0]
+    cause = f"{key.file}:{key.line}"
+    by_place = {(e.file, e.line): e for e in c.evidence}
+    for ref in case["consequences"]:
+        file, line = _where(case, ref)
+        assert (file, line) in by_place, f"{file}:{line} not in the evidence"
+        e = by_place[(file, line)]
+        assert e.explained_by == cause, e
+        assert e.category != c.category, "a consequence keeps what it alone points to"
+        if file == key.file:
+            assert line > key.line
+    assert "explains" in c.explanation
+
+
+def test_corpus_size_and_coverage() -> None:
+    assert len(CASES) >= 100
     assert {c["category"] for c in CASES} >= set(CATEGORIES)
     files = {c["file"] for c in CASES}
     assert files == {p.name for p in CORPUS.iterdir() if p.name != "manifest.toml"}
@@ -46,3 +79,15 @@ def test_corpus_covers_every_table5_category_and_app_xids() -> None:
         [c] = classify_paths([CORPUS / case["file"]])
         app_xids |= set(c.xids) & {13, 31, 43, 45, 68}
     assert app_xids == {13, 31, 43, 45, 68}
+    families = {  # the formats issue 12 names, each with several excerpts
+        "mlx5/ConnectX and IB": ("mlx5", "ib", "devlink", "nccl_ib", "switch_port", "ufm", "perfquery"),
+        "PCIe AER chains": ("aer", "pcie", "retimer", "ipmi_sel_bus"),
+        "nvidia-smi -q and DCGM": ("nvidia_smi", "dcgm"),
+        "storage and network services": ("s3", "gcs", "hf_hub", "azure", "mountpoint", "lustre", "nfs", "dns",
+                                         "image_pull", "quota", "requests", "urllib3"),
+        "BMC/Redfish/IPMI": ("redfish", "openbmc", "ipmi_sel", "bmc", "hpe_iml", "psu"),
+    }
+    for family, prefixes in families.items():
+        n = sum(1 for f in files if f.startswith(prefixes))
+        assert n >= 6, f"{family}: only {n} excerpts"
+    assert sum(1 for c in CASES if "consequences" in c) >= 8

@@ -15,10 +15,10 @@ from trainguard.rundir import RunDir
 
 TOP_KEYS = {"verdict", "process_group", "collective_seq", "op", "culprit_ranks", "culprit_hosts", "explanation",
             "problems", "warnings", "ranks_analyzed", "missing_ranks", "backend", "format_versions", "path",
-            "seconds", "unreadable_ranks"}
+            "seconds", "unreadable_ranks", "missing_records"}
 PROBLEM_KEYS = {"verdict", "process_group", "process_group_desc", "group_ranks", "collective_seq", "op",
                 "culprit_ranks", "culprit_hosts", "waiting_ranks", "consequence_ranks", "explanation",
-                "confidence", "blocked_by", "evidence", "evidence_files"}
+                "confidence", "blocked_by", "evidence", "evidence_files", "missing_records"}
 
 
 def test_healthy_exits_0_and_problem_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -253,3 +253,62 @@ def test_fifo_named_like_a_dump_does_not_hang(tmp_path: Path) -> None:
     assert out.stdout.strip() == "incomplete", out.stderr
     rep = diagnose_path(tmp_path)
     assert any("not a regular file" in w.message for w in rep.warnings)
+
+
+# --- 5. the memory cap that replaced the opcode walk ----------------------------------------------------
+
+
+@pytest.fixture(params=["cap", "walk"])
+def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the RLIMIT_DATA cap (where the kernel enforces it) and with the opcode walk that
+    replaces it elsewhere."""
+    from trainguard.localize import reader
+
+    if request.param == "cap" and not reader._cap_enforced():
+        pytest.skip("RLIMIT_DATA is not enforced here")
+    monkeypatch.setattr(reader, "_cap_state", [request.param == "cap"])
+    return str(request.param)
+
+
+@pytest.mark.parametrize("attack", [
+    b"\x80\x02N" + b"r" + (2**27).to_bytes(4, "little") + b".",  # LONG_BINPUT: a 2 GB memo
+    b"\x80\x02N" + b"r" + (2**32 - 1).to_bytes(4, "little") + b".",  # 64 GB
+    b"Np100000000\n.",  # protocol 0 PUT, decimal index
+    b"\x80\x02]" + b"N" * 10 + b"r" + (2**26).to_bytes(4, "little") + b".",  # after other opcodes
+])
+def test_memo_attacks_are_refused_either_way(guard: str, attack: bytes) -> None:
+    from trainguard.localize import DumpError
+
+    with pytest.raises(DumpError, match="memo"):
+        safe_unpickle(attack)
+
+
+def test_real_dumps_decode_the_same_either_way(guard: str) -> None:
+    raw = rank_dump(SynthConfig(ranks=4, entries_per_rank=50, tp=2, fault="hang", culprit=1), 2)
+    for proto in (0, 2, 4, 5):
+        assert safe_unpickle(pickle.dumps(raw, protocol=proto)) == raw
+
+
+def test_the_cap_is_lifted_after_each_decode() -> None:
+    from trainguard.localize import DumpError, reader
+
+    resource = pytest.importorskip("resource")
+    if not reader._cap_enforced():
+        pytest.skip("RLIMIT_DATA is not enforced here")
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    safe_unpickle(pickle.dumps({"a": [1, 2]}, protocol=2))
+    with pytest.raises(DumpError):
+        safe_unpickle(b"\x80\x02N" + b"r" + (2**27).to_bytes(4, "little") + b".")
+    with pytest.raises(DumpError):
+        safe_unpickle(b"\x80\x02}}}")  # truncated
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    bytearray(256 * 1024**2)  # the process may allocate freely again
+
+
+def test_memo_attack_in_a_directory_allocates_nothing(tmp_path: Path) -> None:
+    write_dumps(SynthConfig(ranks=3, entries_per_rank=10, fault="hang", culprit=2), tmp_path)
+    (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80\x02N" + b"r" + (2**27).to_bytes(4, "little") + b".")
+    mb, rc = _peak_rss_growth_mb(tmp_path)
+    assert mb < 100 and rc == 1
+    rep = diagnose_path(tmp_path)
+    assert rep.unreadable_ranks == (1,) and any("memo" in w.message for w in rep.warnings)

@@ -170,3 +170,14 @@ def test_entries_that_are_not_dicts_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(raw, protocol=2))
     rep = diagnose_path(tmp_path)
     assert rep.verdict == "hang" and rep.culprit_ranks == (2,)
+
+
+def test_group_configs_normalise_on_lookup() -> None:
+    from trainguard.localize.reader import GroupConfigs
+
+    cfg = GroupConfigs({"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}, 3: {"name": 3, "ranks": [2]},
+                        "junk": 7, (1,): {"name": "x"}})
+    assert cfg["0"] == {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}
+    assert cfg.get("3") == {"name": "3", "ranks": [2]}  # numbered groups (old dumps) found by name
+    assert "junk" not in cfg and cfg.get("nope") is None and sorted(cfg) == ["0", "3"]
+    assert bool(cfg) and not GroupConfigs({"junk": 7}) and not GroupConfigs(None)

@@ -16,6 +16,7 @@ import shutil
 import socket
 import time
 import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +32,7 @@ import trainguard
 from trainguard.checkpoint.checksum import available, default_algorithm, file_checksum, new_hasher
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.interval import IntervalPolicy
+from trainguard.checkpoint.lock import DirectoryLock, acquire, current_owner
 from trainguard.checkpoint.manifest import (
     FileEntry,
     Manifest,
@@ -38,12 +40,14 @@ from trainguard.checkpoint.manifest import (
     committed_steps,
     latest_step,
     read_manifest,
+    require_loadable,
     step_dir,
     structure_mismatch,
     verify_files,
     write_manifest,
 )
 from trainguard.checkpoint.retention import apply_retention
+from trainguard.checkpoint.safefs import make_dirs
 from trainguard.checkpoint.structure import (
     RANK_LOCAL_KEY,
     RANK_LOCAL_STORED,
@@ -150,8 +154,12 @@ class Checkpointer:
         self._token = secrets.token_hex(4) + "-"
         """Rank 0's random prefix of staging directory names, agreed once when the groups are set up."""
         self._saves = 0
+        self._lock: DirectoryLock | None = None
+        """Rank 0's hold on the directory (one job per directory), released by `close`."""
         if dist.is_available() and dist.is_initialized():
             self._setup_groups()
+        else:
+            self._own_directory()
         self._emit_policy(self.interval)
 
     # --- process groups ------------------------------------------------------------------------
@@ -174,8 +182,26 @@ class Checkpointer:
         if self._save_pg is None:
             self._save_pg = dist.new_group(backend="gloo", timeout=timeout)
         self._ctl_pg = dist.new_group(backend="gloo", timeout=timeout)
-        self._token = self._broadcast(self._token, self._ctl_pg)
+        error = ""
+        if self.rank == 0 and self._lock is None:
+            try:
+                self._own_directory()
+            except CheckpointError as exc:
+                error = str(exc)
+        elif self.rank != 0 and self._lock is not None:  # taken before the process group existed
+            self._lock.release()
+            self._lock = None
+        # One broadcast carries the staging token and the ownership outcome: every rank raises alike.
+        self._token, error = self._broadcast((self._token, error), self._ctl_pg)
         self._groups_ready = True
+        if error:
+            self._closed = True
+            raise CheckpointError(error)
+
+    def _own_directory(self) -> None:
+        """Take the directory for this job (rank 0 only); `CheckpointError` naming the job that holds it."""
+        self._lock = acquire(self.directory, current_owner())
+        weakref.finalize(self, self._lock.release)  # a Checkpointer dropped without close()
 
     def _broadcast(self, obj: Any, group: Any) -> Any:
         if not self.distributed:
@@ -253,7 +279,7 @@ class Checkpointer:
         self._setup_groups()
         self._saves += 1
         nonce = f"{self._token}{self._saves}"  # same on every rank, unique to this job: no collective
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         staging = self.directory / f".staging-step-{step}-{nonce}"
         payload = {k: v for k, v in state.items() if k != RANK_LOCAL_KEY}
         if RANK_LOCAL_KEY in state:
@@ -432,6 +458,8 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             self._stager.close()
+            if self._lock is not None:
+                self._lock.release()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -460,19 +488,24 @@ class Checkpointer:
         flat, mapping = flatten_state_dict(payload)
         wanted = describe(flat)
         own = f"{RANK_LOCAL_STORED}.{self.rank}"
-        steps: list[int] = self._broadcast(committed_steps(self.directory), self._ctl_pg)
+        steps: list[int] = self._broadcast(self._candidates(), self._ctl_pg)
         mismatches: list[str] = []
         for step in steps:
             path = step_dir(self.directory, step)
             reason, kind = self._check(path, wanted, own)
             reasons = self._all_gather((reason, kind), self._ctl_pg)
             if not any(r for r, _ in reasons):
+                load_error = ""
                 try:
                     dcp.load(flat, checkpoint_id=str(path), process_group=self._ctl_pg, no_dist=not self.distributed)
-                except BaseException as exc:
-                    reasons = [(f"load failed: {_describe_error(exc)}", "corrupt")]
-                else:
                     self._write_back(payload, flat, mapping, state)
+                except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    load_error = f"load failed: {_describe_error(exc)}"
+                # DCP agrees on its own errors; this makes every other failure (write-back) agreed too.
+                reasons = [(e, "corrupt" if e else "") for e in self._all_gather(load_error, self._ctl_pg)]
+                if not any(r for r, _ in reasons):
                     self._loaded(step, path, start, tensor_bytes(flat))
                     return step
             rank, (reason, kind) = next((r, x) for r, x in enumerate(reasons) if x[0])
@@ -483,11 +516,32 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint in {self.directory} matches the state: {mismatches[0]}")
         return None
 
-    def _check(self, path: Path, wanted: dict[str, Any], own: str) -> tuple[str, str]:
+    def _candidates(self) -> list[int]:
+        """Rank 0's list of committed steps, newest first; an unreadable directory lists none."""
+        if self.rank != 0:
+            return []
         try:
-            manifest = read_manifest(path)
+            return committed_steps(self.directory)
+        except OSError as exc:
+            log.warning("cannot list checkpoints in %s: %s", self.directory, exc)
+            return []
+
+    def _check(self, path: Path, wanted: dict[str, Any], own: str) -> tuple[str, str]:
+        """(reason, kind) why this rank cannot use ``path``, ``("", "")`` when its share verifies.
+
+        Never raises: whatever goes wrong reading a checkpoint makes it corrupt on this rank, and the
+        all-gather that follows makes that the verdict of every rank.
+        """
+        try:
+            return self._check_unsafe(path, wanted, own)
         except CheckpointError as exc:
             return str(exc), "corrupt"
+        except Exception as exc:
+            return f"unreadable ({exc.__class__.__name__}: {str(exc)[:200]})", "corrupt"
+
+    def _check_unsafe(self, path: Path, wanted: dict[str, Any], own: str) -> tuple[str, str]:
+        manifest = read_manifest(path)
+        require_loadable(manifest)
         saved = {
             k: v
             for k, v in manifest.structure.items()
@@ -503,10 +557,7 @@ class Checkpointer:
             problem = f"rank-local state was saved by {manifest.world_size} ranks, this job has {self.world_size}"
         if problem:
             return problem, "structure"
-        try:
-            verify_files(path, manifest, sorted(manifest.files)[self.rank :: self.world_size])
-        except CheckpointError as exc:
-            return str(exc), "corrupt"
+        verify_files(path, manifest, sorted(manifest.files)[self.rank :: self.world_size])
         return "", ""
 
     def _reject(self, step: int, path: Path, reason: str, kind: str) -> None:

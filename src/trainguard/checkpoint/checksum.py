@@ -6,6 +6,7 @@ Both release the GIL on large buffers, so they can run beside the writing thread
 
 from __future__ import annotations
 
+import os
 import zlib
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,4 +67,23 @@ def file_checksum(path: Path, algorithm: str) -> tuple[int, str]:
                 break
             hasher.update(view[:n])
             size += n
+    return size, hasher.hexdigest()
+
+
+def fd_checksum(fd: int, algorithm: str, limit: int) -> tuple[int, str]:
+    """(size, hex digest) of what ``fd`` holds, reading at most ``limit + 1`` bytes.
+
+    The bound keeps a file that grows while it is read (or a descriptor that never ends) from being
+    read without end: one byte past ``limit`` already proves the size is wrong.
+    """
+    hasher = new_hasher(algorithm)
+    size = 0
+    buf = bytearray(min(READ_CHUNK, limit + 1))
+    view = memoryview(buf)
+    while size <= limit:
+        n = os.readv(fd, [view[: min(len(buf), limit + 1 - size)]])
+        if not n:
+            break
+        hasher.update(view[:n])
+        size += n
     return size, hasher.hexdigest()

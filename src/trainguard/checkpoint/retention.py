@@ -41,7 +41,13 @@ def apply_retention(
 
     ``active`` is the name of a staging directory in use, which is left alone.
     """
-    steps = [int(m.group(1)) for e in os.scandir(directory) if (m := STEP_DIR.match(e.name)) and e.is_dir()]
+    # follow_symlinks=False: a step-N symlink is never a checkpoint of ours (restore rejects it), and a
+    # hidden symlink is unlinked below, never what it points to.
+    steps = [
+        int(m.group(1))
+        for e in os.scandir(directory)
+        if (m := STEP_DIR.match(e.name)) and e.is_dir(follow_symlinks=False)
+    ]
     doomed = select_deletions(steps, keep_last=keep_last, keep_every=keep_every, protect=protect)
     for step in doomed:
         hidden = directory / f".deleting-step-{step}-{os.getpid()}"
@@ -52,6 +58,10 @@ def apply_retention(
     if doomed:
         fsync_dir(directory)
     for entry in os.scandir(directory):
-        if entry.name.startswith(HIDDEN_PREFIXES) and entry.name != active and entry.is_dir():
+        if not entry.name.startswith(HIDDEN_PREFIXES) or entry.name == active:
+            continue
+        if entry.is_symlink():
+            os.unlink(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
     return doomed

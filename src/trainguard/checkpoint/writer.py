@@ -24,6 +24,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from trainguard.checkpoint.checksum import new_hasher
+from trainguard.checkpoint.safefs import FILE_MODE, make_dirs
 
 
 class WriteHooks:
@@ -63,7 +64,9 @@ class _ChecksumStream(io.RawIOBase):
 
     def __init__(self, path: Path, owner: ChecksumWriter) -> None:
         super().__init__()
-        self._fh = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        os.fchmod(fd, FILE_MODE)  # exactly 0640, whatever the umask
+        self._fh = open(fd, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self._path = path
         self._owner = owner
         self._hasher = new_hasher(owner.algorithm)
@@ -121,6 +124,9 @@ class _ChecksumFS(FileSystem):
             yield stream
         finally:
             stream.close()
+
+    def mkdir(self, path: str | os.PathLike) -> None:
+        make_dirs(Path(path))  # the staging directory: 0750, whatever the umask
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)

@@ -1,13 +1,17 @@
-"""From collected hits to one verdict: precedence, confidence, evidence and the suspect."""
+"""From collected hits to one verdict: cause before consequence, precedence, confidence, evidence, suspect."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainguard.classify.rules import RuleSet
+from trainguard.classify.context import is_below
+from trainguard.classify.rules import Rule, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
 from trainguard.classify.taxonomy import TIERS, UNKNOWN, group_of
+
+log = logging.getLogger(__name__)
 
 MAX_EVIDENCE = 10
 AMBIGUITY_FACTOR = 0.85
@@ -26,10 +30,12 @@ class Evidence:
     """Id of the rule (``xid-<code>`` for XIDs, ``verdict-<name>`` for localization verdicts)."""
     category: str = ""
     """What this line alone points to."""
+    explained_by: str | None = None
+    """``file:line`` of the upstream failure this line is a consequence of, if any."""
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "text": self.text, "rule": self.rule,
-                "category": self.category}
+                "category": self.category, "explained_by": self.explained_by}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,10 @@ class Classification:
     host: str | None = None
     """Suspected host: from the key line's syslog prefix, else a torchelastic ``host :`` line."""
     gpu: str | None = None
-    """Suspected GPU as its PCI bus id (from XID lines), if any."""
+    """Suspected GPU as its PCI bus id (``dddd:bb:dd``, from XID lines or an ``nvidia-smi -q`` section), if any."""
+    device: str | None = None
+    """Suspected component's PCI address when the key line names one (the GPU; for a PCIe fault the port or
+    switch whose failure explains its downstream devices' errors)."""
     explanation: str = ""
     alternatives: tuple[tuple[str, float], ...] = ()
     """Other categories with evidence, (category, confidence), strongest first."""
@@ -75,6 +84,7 @@ class Classification:
             "evidence": [e.to_json() for e in self.evidence],
             "host": self.host,
             "gpu": self.gpu,
+            "device": self.device,
             "explanation": self.explanation,
             "alternatives": [{"category": c, "confidence": round(p, 3)} for c, p in self.alternatives],
             "xids": {str(k): v for k, v in sorted(self.xids.items())},
@@ -96,22 +106,89 @@ class _Candidate:
     first: int
 
 
+def _before(cause: Hit, effect: Hit, window: float) -> bool:
+    """Whether ``effect`` happened after ``cause`` (and within ``window`` seconds): by their time stamps when
+    both have one on the same clock, else by their order in the source."""
+    if cause.time is not None and effect.time is not None and cause.time[0] == effect.time[0]:
+        delta = effect.time[1] - cause.time[1]
+        return 0 <= delta <= window and (delta > 0 or effect.order > cause.order)
+    return effect.order > cause.order
+
+
+def _related(rule: Rule, cause: Hit, effect: Hit, acc: Accumulator, endpoints: set[str]) -> bool:
+    """Whether ``effect`` lies downstream of ``cause`` in the rule's scope."""
+    assert rule.explains is not None
+    scope = rule.explains.scope
+    if scope == "source":
+        return True
+    if scope == "host":
+        return cause.host is None or effect.host is None or cause.host == effect.host
+    if cause.device is None or effect.device is None:
+        return False
+    if scope == "below" and cause.device in endpoints:
+        return False  # a GPU reported the error itself: nothing is below an endpoint
+    return is_below(effect.device, cause.device, acc.bridges, same_counts=scope == "device")
+
+
+def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hit], dict[int, str]]:
+    """Find the errors that an upstream failure explains (cause before consequence, by time and topology).
+
+    Returns the hits, those explained marked with ``explained_by``, and for each of them (by ``order``) the
+    category it counts for: that of its root cause. Causes are taken in order, so the earliest upstream failure
+    claims its consequences; a cause that is itself explained hands what it explains on to its own cause."""
+    by_id = {r.id: r for r in rules.rules}
+    causes = sorted((h for h in hits if h.rule in by_id and by_id[h.rule].explains is not None),
+                    key=lambda h: h.order)
+    if not causes:
+        return hits, {}
+    endpoints = {h.device for h in hits if h.rule.startswith("xid-") and h.device}
+    current = {h.order: h for h in hits}
+    for cause in causes:
+        rule = by_id[cause.rule]
+        ex = rule.explains
+        assert ex is not None
+        effects = [h for h in current.values()
+                   if h.order != cause.order and h.explained_by is None and h.category in ex.categories
+                   and h.category != cause.category and (not ex.rules or h.rule in ex.rules)
+                   and _before(cause, h, rules.explain_window_s) and _related(rule, cause, h, acc, endpoints)]
+        components = {h.device or h.gpu or f"{h.file}:{h.line}" for h in effects}
+        if not effects or len(components) < ex.min_devices:
+            continue
+        log.debug("%s:%d explains %d later line(s)", cause.file, cause.line, len(effects))
+        for h in effects:
+            current[h.order] = replace(h, explained_by=cause.order)
+    attributed: dict[int, str] = {}
+    for order, h in current.items():
+        root, seen = h, {order}
+        while root.explained_by is not None and root.explained_by not in seen:
+            seen.add(root.explained_by)
+            root = current[root.explained_by]
+        if root is not h:
+            attributed[order] = root.category
+    return list(current.values()), attributed
+
+
 def _candidates(acc: Accumulator, rules: RuleSet, verdict: str | None) -> list[_Candidate]:
     yields = {r.id: r.yields_to for r in rules.rules if r.yields_to}
-    own = {h.category for hits in acc.hits.values() for h in hits if h.rule not in yields}
+    hits, attributed = _explain([h for hs in acc.hits.values() for h in hs], acc, rules)
+    own = {h.category for h in hits if h.rule not in yields and h.order not in attributed}
     by_cat: dict[str, list[Hit]] = {}
-    for hits in acc.hits.values():
-        for h in hits:
-            target = next((c for c in yields.get(h.rule, ()) if c in own), h.category)
-            by_cat.setdefault(target, []).append(h if target == h.category else replace(h, category=target))
+    for h in hits:
+        target = attributed.get(h.order) or next((c for c in yields.get(h.rule, ()) if c in own), h.category)
+        # an explained line keeps its own category (what it alone points to); a yielding one takes the target's
+        by_cat.setdefault(target, []).append(h if h.order in attributed or target == h.category
+                                             else replace(h, category=target))
     out: list[_Candidate] = []
-    for cat, hits in by_cat.items():
-        hits.sort(key=lambda h: (-h.confidence, h.order))
-        best = hits[0]
-        distinct = len({h.rule for h in hits})
+    for cat, cat_hits in by_cat.items():
+        # the cause's own lines lead; lines it explains only support it (a GPU off the bus is not the key line
+        # of a switch failure, however sure its XID is)
+        cat_hits.sort(key=lambda h: (h.explained_by is not None, -h.confidence, h.order))
+        best = cat_hits[0]
+        distinct = len({h.rule for h in cat_hits})
         conf = min(0.99, best.confidence + 0.05 * (distinct - 1))
-        tier = min((h.tier for h in hits if h.confidence == best.confidence), key=TIERS.index)
-        out.append(_Candidate(cat, conf, tier, hits, best.explain, min(h.order for h in hits)))
+        tiers = [h.tier for h in cat_hits if h.confidence == best.confidence and h.explained_by is None]
+        tier = min(tiers or [best.tier], key=TIERS.index)
+        out.append(_Candidate(cat, conf, tier, cat_hits, best.explain, min(h.order for h in cat_hits)))
     if verdict:
         for v in rules.verdicts:
             if v.verdict == verdict:
@@ -122,6 +199,25 @@ def _candidates(acc: Accumulator, rules: RuleSet, verdict: str | None) -> list[_
                 else:
                     out.append(_Candidate(v.category, v.confidence, v.tier, [], v.explain, 1 << 62))
     return out
+
+
+def _explained_note(win: _Candidate, rules: RuleSet) -> str:
+    """Says which later errors the winner's key line explains, and on which devices."""
+    effects = [h for h in win.hits if h.explained_by is not None]
+    if not win.hits or not effects:
+        return ""
+    key = win.hits[0]
+    lines = {(h.file, h.line) for h in effects}
+    devices = sorted({h.device for h in effects if h.device})
+    cats = sorted({h.category for h in effects if h.category != UNKNOWN}) or [UNKNOWN]
+    rule = next((r for r in rules.rules if r.id == key.rule), None)
+    below = rule is not None and rule.explains is not None and rule.explains.scope in ("below", "device")
+    where = ""
+    if devices:
+        shown = ", ".join(devices[:6]) + (" ..." if len(devices) > 6 else "")
+        where = f" of {len(devices)} device(s) {'below it' if below else 'on the same host'} ({shown})"
+    return (f"it comes first ({key.file}:{key.line}) and explains the {len(lines)} later error line(s){where} "
+            f"that alone would point to {', '.join(cats)}")
 
 
 def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = None) -> Classification:
@@ -154,16 +250,22 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
         notes.append("other strong signals of the same kind are present (see alternatives)")
     elif rivals and win.tier != rivals[0].tier and rivals[0].confidence >= strong:
         notes.append(f"outranks {rivals[0].category} ({rivals[0].tier} signals yield to {win.tier} ones)")
+    if win.category != UNKNOWN:
+        notes.append(_explained_note(win, rules))
 
+    where = {h.order: f"{h.file}:{h.line}" for c in cands for h in c.hits}
     evidence: list[Evidence] = []
     seen: set[tuple[str, int]] = set()
     for h in win.hits + [c.hits[0] for c in cands[1:] if c.hits]:
         if (h.file, h.line) not in seen and len(evidence) < MAX_EVIDENCE:
             seen.add((h.file, h.line))
-            evidence.append(_ev(h))
+            evidence.append(_ev(h, where))
     key = win.hits[0] if win.hits else None
-    gpu = next((h.gpu for h in win.hits if h.gpu), None)
+    own = [h for h in win.hits if h.explained_by is None]
+    # an explained GPU is a victim, not the suspect: the suspect GPU comes from the cause's own lines
+    gpu = next((h.gpu for h in own if h.gpu), None)
     host = (key.host if key and key.host else None) or next((h.host for h in win.hits if h.host), None)
+    device = key.device if key is not None else None
     return replace(
         base,
         category=win.category,
@@ -172,10 +274,12 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
         evidence=tuple(evidence),
         host=host or context_host,
         gpu=gpu,
+        device=device,
         explanation="; ".join(n for n in notes if n),
         alternatives=tuple((c.category, round(c.confidence, 3)) for c in rivals),
     )
 
 
-def _ev(h: Hit) -> Evidence:
-    return Evidence(h.file, h.line, h.text, h.rule, h.category)
+def _ev(h: Hit, where: dict[int, str]) -> Evidence:
+    cause = where.get(h.explained_by) if h.explained_by is not None else None
+    return Evidence(h.file, h.line, h.text, h.rule, h.category, cause)

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 BUILTIN_RULES = Path(__file__).with_name("rules.toml")
 _VALID_CATEGORIES = frozenset(CATEGORIES) | {UNKNOWN}
+_CONTEXT_GROUPS: dict[str, tuple[str, ...]] = {
+    "line": ("host",), "device": ("device",), "source": ("host",), "section": ("gpu",),
+    "bridge": ("device", "lo", "hi")}
+"""[[context]] scopes and the named groups each needs."""
 
 
 class TextMatch(Protocol):
@@ -58,9 +62,35 @@ def _re2_reason(exc: Exception) -> str:
     return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
 
 
-def compile_user_bytes(pattern: bytes) -> Any:
-    """A byte pattern built from user rules, compiled with RE2 (raises ``re2.error``)."""
-    return re2.compile(pattern, _re2_options(latin1=True))
+def compile_user_bytes(pattern: bytes, *, max_mem: int | None = None) -> Any:
+    """A byte pattern over raw log blocks (one character per byte), compiled with RE2 (raises ``re2.error``)."""
+    options = _re2_options(latin1=True)
+    if max_mem is not None:
+        options.max_mem = max_mem
+    return re2.compile(pattern, options)
+
+
+EXPLAIN_SCOPES = ("below", "device", "host", "source")
+"""Where a cause's consequences may lie (see `Explains.scope`)."""
+
+
+@dataclass(frozen=True)
+class Explains:
+    """Which later errors a rule's line explains: an upstream component's failure is the cause of the errors
+    its downstream devices report after it (a PCIe switch port's fatal error, then its GPUs off the bus)."""
+
+    categories: tuple[str, ...]
+    """Categories of the consequence lines (e.g. ``Faulty GPU`` for GPUs that fell off the bus)."""
+    scope: str = "below"
+    """``below``: devices under the line's PCI ``device`` (by bus number, or the bridge's bus range when the
+    log prints it); ``device``: that device itself and below; ``host``: the same host; ``source``: anywhere in
+    the source."""
+    min_devices: int = 1
+    """Explain only when at least this many distinct components (PCI devices; else lines) fail after it: one
+    GPU under a switch port that reports the link to it down is more likely the GPU's own fault."""
+    rules: tuple[str, ...] = ()
+    """If given, only lines of these rules are explained (an NFS outage explains Python's EIO, not an NVMe
+    controller's own I/O errors)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +112,19 @@ class Rule:
     unless: TextPattern | None = None
     """A line that also matches this is not evidence for this rule."""
     ignore_case: bool = False
+    """``pattern`` and ``unless`` ignore case (``keywords`` never do)."""
     explain: str = ""
+    """What a matching line means, for the verdict's explanation."""
     yields_to: tuple[str, ...] = ()
     """Categories this rule's lines support instead when they have evidence of their own (a generic
     CUDA ECC message supports an SRAM XID rather than competing with it)."""
     builtin: bool = True
     """From the built-in file (Python ``re``); False for a user file's rule (compiled with RE2)."""
+    explains: Explains | None = None
+    """Later errors this rule's lines are the cause of (cause before consequence, by time and topology)."""
+    supersedes: tuple[str, ...] = ()
+    """Ids of rules that do not count a line this rule matches (a 503 from an object store printed as a Python
+    exception is a failed dependency, not also a software bug)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +132,7 @@ class XidRule:
     """What a set of NVIDIA XID codes means."""
 
     codes: frozenset[int]
+    """The XID codes this entry gives the meaning of."""
     category: str
     confidence: float
     tier: str
@@ -126,6 +164,9 @@ class RuleSet:
     verdicts: tuple[VerdictRule, ...]
     line_hosts: tuple[TextPattern, ...] = ()
     """Patterns whose ``host`` group names the host of the line they match (syslog prefixes)."""
+    line_devices: tuple[TextPattern, ...] = ()
+    """Patterns whose ``device`` group names the PCI device a kernel line is about (``mlx5_core 0000:4b:00.0:``),
+    for evidence lines whose rule names none."""
     source_hosts: tuple[TextPattern, ...] = ()
     """Patterns whose ``host`` group names the host the whole log is from (torchelastic summaries)."""
     source_host_keywords: tuple[str, ...] = ()
@@ -134,6 +175,14 @@ class RuleSet:
     sources: tuple[str, ...] = field(default_factory=tuple)
     xid_pattern_builtin: bool = True
     """False when a user file set ``xid_pattern`` (then it is an RE2 pattern)."""
+    sections: tuple[TextPattern, ...] = ()
+    """Header lines whose ``gpu`` group names the GPU the following lines are about (``nvidia-smi -q``)."""
+    section_keywords: tuple[str, ...] = ()
+    bridges: tuple[TextPattern, ...] = ()
+    """Lines giving a PCI bridge's bus range (groups ``device``, ``lo``, ``hi``): the topology of the host."""
+    bridge_keywords: tuple[str, ...] = ()
+    explain_window_s: float = 600.0
+    """A consequence must follow its cause within this many seconds when both lines carry comparable times."""
 
     def xid_rule(self, code: int) -> XidRule | None:
         for r in self.xids:
@@ -186,18 +235,37 @@ def _tier(where: str, value: Any, category: str) -> str:
     return str(value)
 
 
-def _check_embeddable(where: str, pattern: str, *, user: bool = False) -> None:
-    """A rule without keywords puts its pattern into the scanner's pre-filter; make sure it fits there."""
+def _check_embeddable(where: str, pattern: str) -> None:
+    """A rule without keywords puts its pattern into the scanner's RE2 pre-filter; make sure it fits there."""
     stripped = re.sub(r"\(\?P<\w+>", "(?:", pattern)
     try:
-        if user:
-            compile_user_bytes(b"(?:" + stripped.encode() + b")|x")
-        else:
-            re.compile(b"(?:" + stripped.encode() + b")|x")
-    except (re.error, re2.error) as exc:
-        reason = _re2_reason(exc) if isinstance(exc, re2.error) else str(exc)
-        raise _fail(where, f"pattern cannot be used without keywords ({reason}); add keywords, use "
-                           "ignore_case instead of inline flags, and avoid backreferences") from None
+        compile_user_bytes(b"(?:" + stripped.encode() + b")|x")
+    except re2.error as exc:
+        raise _fail(where, f"pattern cannot be used without keywords ({_re2_reason(exc)}); add keywords, use "
+                           "ignore_case instead of inline flags, and avoid backreferences and lookaround") from None
+
+
+def _explains(where: str, value: Any) -> Explains | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(where, "explains must be a table: {categories = [...], scope = ..., min_devices = N}")
+    cats = value.get("categories")
+    if not isinstance(cats, list) or not cats:
+        raise _fail(where, "explains.categories must be a non-empty list of categories")
+    scope = value.get("scope", "below")
+    if scope not in EXPLAIN_SCOPES:
+        raise _fail(where, f"explains.scope must be one of {', '.join(EXPLAIN_SCOPES)}, got {scope!r}")
+    n = value.get("min_devices", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise _fail(where, f"explains.min_devices must be an integer >= 1, got {n!r}")
+    only = value.get("rules", [])
+    if not isinstance(only, list) or not all(isinstance(x, str) and x for x in only):
+        raise _fail(where, "explains.rules must be a list of rule ids")
+    unknown_keys = set(value) - {"categories", "scope", "min_devices", "rules"}
+    if unknown_keys:
+        raise _fail(where, f"explains has unknown key(s) {', '.join(sorted(unknown_keys))}")
+    return Explains(tuple(_category(where, c) for c in cats), str(scope), n, tuple(only))
 
 
 def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
@@ -213,10 +281,13 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
     unless = d.get("unless")
     pattern = _regex(where, d.get("pattern"), ignore_case, user=user)
     if not keywords:
-        _check_embeddable(where, pattern.pattern, user=user)
+        _check_embeddable(where, pattern.pattern)
     yields_to = d.get("yields_to", [])
     if not isinstance(yields_to, list):
         raise _fail(where, "yields_to must be a list of categories")
+    supersedes = d.get("supersedes", [])
+    if not isinstance(supersedes, list) or not all(isinstance(x, str) and x for x in supersedes):
+        raise _fail(where, "supersedes must be a list of rule ids")
     return Rule(
         id=rid,
         category=category,
@@ -229,6 +300,8 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         explain=str(d.get("explain", "")),
         yields_to=tuple(_category(where, c) for c in yields_to),
         builtin=not user,
+        explains=_explains(where, d.get("explains")),
+        supersedes=tuple(supersedes),
     )
 
 
@@ -286,23 +359,34 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
     xids: list[XidRule] = []
     verdicts: dict[str, VerdictRule] = {}
     line_hosts: list[TextPattern] = []
+    line_devices: list[TextPattern] = []
     source_hosts: list[TextPattern] = []
     source_kw: list[str] = []
+    sections: list[TextPattern] = []
+    section_kw: list[str] = []
+    bridges: list[TextPattern] = []
+    bridge_kw: list[str] = []
     xid_pattern: TextPattern | None = None
     xid_builtin = True
     unknown_xid = 0.2
     strong = 0.5
+    window = 600.0
     for path in paths:
         data = _read_toml(path)
         where = str(path)
         user = path != BUILTIN_RULES
         if data.get("replace"):
             rules, xids, verdicts = {}, [], {}
-            line_hosts, source_hosts, source_kw = [], [], []
+            line_hosts, line_devices, source_hosts, source_kw = [], [], [], []
+            sections, section_kw, bridges, bridge_kw = [], [], [], []
         for d in _tables(where, data, "rule"):
             r = _parse_rule(where, d, user)
             rules.pop(r.id, None)
             rules[r.id] = r
+        for r in rules.values():
+            unknown = [x for x in r.supersedes if x not in rules]
+            if unknown:
+                raise _fail(where, f"rule {r.id!r} supersedes unknown rule(s) {', '.join(map(repr, unknown))}")
         for d in _tables(where, data, "xid"):
             x = _parse_xid(where, d, user)
             xids = [old for old in xids if not old.codes <= x.codes]
@@ -315,16 +399,23 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
                 _tier(where, d.get("tier"), category), str(d.get("explain", "")))
         for d in _tables(where, data, "context"):
             pattern = _regex(where, d.get("pattern"), user=user)
-            if "host" not in pattern.groupindex:
-                raise _fail(where, "a [[context]] pattern needs a (?P<host>...) group")
-            if d.get("scope", "line") == "source":
-                keywords = d.get("keywords")
-                if not isinstance(keywords, list) or not keywords:
-                    raise _fail(where, "a [[context]] with scope = 'source' needs keywords")
-                source_hosts.append(pattern)
-                source_kw.extend(str(k) for k in keywords)
-            else:
-                line_hosts.append(pattern)
+            scope = d.get("scope", "line")
+            if scope not in _CONTEXT_GROUPS:
+                raise _fail(where, f"[[context]] scope must be one of {', '.join(_CONTEXT_GROUPS)}, got {scope!r}")
+            missing = [g for g in _CONTEXT_GROUPS[scope] if g not in pattern.groupindex]
+            if missing:
+                raise _fail(where, f"a [[context]] with scope = {scope!r} needs the group(s) "
+                                   + ", ".join(f"(?P<{g}>...)" for g in missing))
+            if scope in ("line", "device"):
+                (line_hosts if scope == "line" else line_devices).append(pattern)
+                continue
+            keywords = d.get("keywords")
+            if not isinstance(keywords, list) or not keywords or not all(isinstance(k, str) and k for k in keywords):
+                raise _fail(where, f"a [[context]] with scope = {scope!r} needs keywords")
+            patterns, kw = {"source": (source_hosts, source_kw), "section": (sections, section_kw),
+                            "bridge": (bridges, bridge_kw)}[scope]
+            patterns.append(pattern)
+            kw.extend(keywords)
         settings = data.get("settings", {})
         if not isinstance(settings, dict):
             raise _fail(where, "settings must be a [settings] table")
@@ -337,6 +428,11 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
             unknown_xid = _confidence(where, settings["unknown_xid_confidence"])
         if "strong_confidence" in settings:
             strong = _confidence(where, settings["strong_confidence"])
+        if "explain_window_s" in settings:
+            w = settings["explain_window_s"]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
+                raise _fail(where, f"settings.explain_window_s must be a number >= 0, got {w!r}")
+            window = float(w)
     if xid_pattern is None:
         raise InputError("rules: no settings.xid_pattern defined")
     return RuleSet(
@@ -346,9 +442,15 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
         unknown_xid_confidence=unknown_xid,
         verdicts=tuple(verdicts.values()),
         line_hosts=tuple(line_hosts),
+        line_devices=tuple(line_devices),
         source_hosts=tuple(source_hosts),
         source_host_keywords=tuple(source_kw),
         strong_confidence=strong,
         sources=tuple(str(p) for p in paths),
         xid_pattern_builtin=xid_builtin,
+        sections=tuple(sections),
+        section_keywords=tuple(section_kw),
+        bridges=tuple(bridges),
+        bridge_keywords=tuple(bridge_kw),
+        explain_window_s=window,
     )

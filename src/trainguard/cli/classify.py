@@ -31,13 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _render(c: Classification) -> str:
     lines = [f"{c.source}: {c.category} ({c.group}), confidence {c.confidence:.2f}"]
-    if c.host or c.gpu:
-        lines.append("  suspect: " + ", ".join(
-            p for p in (f"host {c.host}" if c.host else "", f"GPU {c.gpu}" if c.gpu else "") if p))
+    suspect = [f"host {c.host}" if c.host else "", f"GPU {c.gpu}" if c.gpu else "",
+               f"device {c.device}" if c.device and c.device != c.gpu else ""]
+    if any(suspect):
+        lines.append("  suspect: " + ", ".join(p for p in suspect if p))
     if c.explanation:
         lines.append(f"  why: {c.explanation}")
     for e in c.evidence:
-        lines.append(f"  {e.file}:{e.line}: [{e.category}] {e.text[:200]}")
+        cause = f", consequence of {e.explained_by}" if e.explained_by else ""
+        lines.append(f"  {e.file}:{e.line}: [{e.category}{cause}] {e.text[:200]}")
     if c.alternatives:
         lines.append("  also: " + ", ".join(f"{cat} ({p:.2f})" for cat, p in c.alternatives))
     for s in c.skipped:

@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise UsageError("--seed must be >= 0")
     model = _model_args(args.model)
+    if getattr(args, "sdc_check_every", None) is None:
+        from trainguard.sdc import DEMO_CHECK_EVERY
+
+        args.sdc_check_every = DEMO_CHECK_EVERY  # a 100-step demo must find an injected flip mid-run
     if args.inject is None:
         args.inject = default_schedule(args.ranks, args.steps)
     if not EXAMPLE.is_file():

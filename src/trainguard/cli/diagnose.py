@@ -45,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         print(render_text(report, verbose=args.verbose_evidence))
-    # "incomplete" (a rank could not be read) is never success: health was not established
+    # "incomplete" (a rank could not be read) and "insufficient-evidence" (the dumps lack records that
+    # could show a problem) are never success: health was not established
     return EXIT_OK if report.verdict == "healthy" else EXIT_FAILURE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from trainguard.errors import EXIT_OK
 
@@ -12,6 +13,8 @@ HELP = "effective training time (ETTR) and every kind of lost time of a run"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (docs/goodput.md)")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write the report with its plots as one self-contained HTML file (docs/dashboard.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,7 +22,16 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.goodput import compute_goodput
     from trainguard.report.terminal import render_report
 
+    if args.html:
+        from trainguard.web.render import require
+
+        require("jinja2", "plotly", what="report --html")  # before any work: a missing extra is a usage error
     report = compute_goodput(args.run_dir)
+    if args.html:
+        from trainguard.report.html import write_html
+
+        written = write_html(args.run_dir, args.html, report)
+        print(f"trainguard report: HTML report written to {written}", file=sys.stderr)
     if args.json:
         print_json(report.to_json())
     else:

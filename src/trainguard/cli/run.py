@@ -86,6 +86,10 @@ def add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
                         help="stop after this many failed attempts without a new checkpoint (default 3)")
     parser.add_argument("--stop-grace", type=float, default=None, metavar="SECONDS",
                         help="time a stopped worker gets between SIGTERM and SIGKILL (default 3)")
+    parser.add_argument("--sdc-check-every", dest="sdc_check_every", default=_env("sdc_check_every", None),
+                        metavar="K", help="compare the data-parallel replicas' parameters every K optimizer steps "
+                                          "to find silent data corruption; 0 = off (default 100, demo 10; "
+                                          "docs/sdc.md)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no trainguard progress lines and no worker output on the console (errors still show)")
     parser.add_argument("--json", action="store_true", help="print one JSON result on stdout")
@@ -158,12 +162,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--rdzv-last-call", type=int, default=None, metavar="SECONDS",
                      help="with MIN:MAX nodes, how long to wait for more nodes once MIN joined (default 2)")
     own.add_argument("--no-health-checks", action="store_true", help="skip node health checks")
+    own.add_argument("--metrics-port", type=_metrics_listen, default=None, metavar="[ADDR:]PORT",
+                     help="serve Prometheus metrics of the run at /metrics (127.0.0.1 unless ADDR; docs/dashboard.md)")
     own.add_argument("--no-auto-instrument", action="store_true",
                      help="load nothing of trainguard into the workers (crash detection only for scripts "
                           "that never call trainguard.attach())")
     add_common(own)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="script.py [args] (or -- script.py [args]; a module with -m, a program with --no-python)")
+
+
+def _metrics_listen(text: str) -> tuple[str, int]:
+    from trainguard.metrics import parse_listen
+
+    return parse_listen(text)
 
 
 # --- checks (nothing here touches the disk) -----------------------------------------------------------
@@ -425,6 +437,13 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
         check_name("rendezvous id", rdzv_id)
     auto_instrument = not getattr(args, "no_auto_instrument", False)
     check_schedule(faults, nproc * nnodes[1], auto_instrument)
+    from trainguard.sdc import DEFAULT_CHECK_EVERY, check_every
+
+    raw_every = getattr(args, "sdc_check_every", None)
+    sdc_every = check_every(raw_every) if raw_every is not None else DEFAULT_CHECK_EVERY
+    if sdc_every == 0 and any(f.kind == "sdc" for f in faults):
+        print("trainguard run: warning: --inject: sdc faults fire but --sdc-check-every 0 turns the check off: "
+              "nothing will detect them", file=sys.stderr)
 
     if args.run_dir:
         run_dir = Path(args.run_dir)
@@ -464,7 +483,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
                                 checkpoint_allowance_seconds=args.checkpoint_allowance),
         chaos=chaos.format_spec(faults) if faults else "", health_checks=health_checks,
         target_steps=target_steps, last_call_seconds=last_call_seconds, join_timeout_seconds=join_timeout,
-        auto_instrument=auto_instrument, logs_dir_override=logs_root,
+        auto_instrument=auto_instrument, logs_dir_override=logs_root, sdc_check_every=sdc_every,
         **({"stop_grace_seconds": grace} if grace is not None else {}),
         module=bool(getattr(args, "module", False)), no_python=bool(getattr(args, "no_python", False)),
         rdzv_backend=rdzv.backend, node_rank=rdzv.node_rank, rdzv_conf=tuple(sorted(conf.items())),
@@ -549,10 +568,15 @@ def run(args: argparse.Namespace) -> int:
     rdzv = decide_rendezvous(args, nnodes)
     if args.signals_to_handle is not None:
         signals = _signals(args.signals_to_handle)
+    from trainguard import metrics
+
+    metrics_server = metrics.start(args.metrics_port)  # binds now: a taken port fails before anything is on disk
     cfg = build_config(args, command, nproc=nproc, nnodes=nnodes, endpoint=rdzv.endpoint, node_id=args.node_id,
                        health_checks=not args.no_health_checks, rendezvous=rdzv,
                        check_input=lambda: check_command_exists(command, module=args.module,
                                                                 no_python=args.no_python))
+    if metrics_server is not None:
+        metrics_server.follow(cfg.run_dir, cfg.node_id)
     if args.signals_to_handle is not None:
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals  # read by torch when it starts the workers
     from trainguard.launch.supervisor import supervise
@@ -569,6 +593,8 @@ def run(args: argparse.Namespace) -> int:
             result = supervise(cfg)
     finally:
         console.stop()
+        if metrics_server is not None:
+            metrics_server.close()
     console.summary(result)
     if args.json:
         print_json(result_json(cfg, result))

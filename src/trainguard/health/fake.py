@@ -37,6 +37,11 @@ class FakeGpu:
     """Critical XID events delivered once a check registers for events."""
     lost: bool = False
     """The GPU fell off the bus: getting its handle fails."""
+    sm_clock_mhz: int | None = 1980
+    """Current SM clock (telemetry)."""
+    max_sm_clock_mhz: int | None = 1980
+    power_mw: int | None = 650_000
+    """Board power draw in milliwatts (telemetry)."""
 
 
 @dataclass
@@ -52,6 +57,7 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
     NVML_NVLINK_MAX_LINKS = 18
     nvmlEventTypeXidCriticalError = 0x8
 
@@ -126,3 +132,12 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
         return int(self._need(self._gpu(handle).pcie_width)[1])
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        return int(self._need(self._gpu(handle).sm_clock_mhz))
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        return int(self._need(self._gpu(handle).max_sm_clock_mhz))
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return int(self._need(self._gpu(handle).power_mw))

@@ -30,12 +30,13 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from trainguard import chaos
+from trainguard import chaos, sdc
 from trainguard.errors import TrainguardError
 from trainguard.eventlog import EventWriter, iter_events
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
+    CheckpointRejected,
     Diagnosis,
     Event,
     FailureDetected,
@@ -92,6 +93,9 @@ class GuardAgent(LocalElasticAgent):
                          shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
                          log_line_prefix_template=getattr(cfg, "log_line_prefix", None))
         self.events = EventWriter(self.layout.agent_events(cfg.node_id))
+        from trainguard.stragglers.watch import AgentWatch  # telemetry sampling and the straggler policy
+
+        self.watch = AgentWatch(self.layout, cfg.node_id, self.emit)
         self.watchdog = Watchdog(cfg.watchdog)
         self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
         self.faults = chaos.parse_spec(cfg.chaos)
@@ -104,6 +108,8 @@ class GuardAgent(LocalElasticAgent):
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
         self._early: tuple[dict[int, int], evidence.Evidence, float, float] | None = None
+        self._sdc_pending: tuple[sdc.SdcMarker, dict[int, str]] | None = None
+        """Corruption found in the last attempt (marker, rank -> node): rollback and exclusion at the restart."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self._warned_no_bootstrap = False
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
@@ -174,6 +180,8 @@ class GuardAgent(LocalElasticAgent):
                 if not r.ok and not r.skipped and r.severity == "high":
                     bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
         bad.extend(self._lemon_reasons())
+        bad.extend(self.watch.exclusion_reasons(self.attempt))
+        bad.extend(self._sdc_exclusion())
         if bad:
             reason = "; ".join(bad)
             self.emit(NodeExcluded(time=time.time(), host=self.cfg.node_id, node=self.cfg.node_id,
@@ -193,6 +201,23 @@ class GuardAgent(LocalElasticAgent):
             handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
         except Exception as exc:  # the others then drop this node when its keep-alive expires
             log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", exc)
+
+    def _sdc_exclusion(self) -> list[str]:
+        """The reason to exclude this node when one of its ranks corrupted parameters in the last attempt.
+
+        A node that cannot be excluded (the job's only node, or no majority named a culprit) is kept, and a
+        failed low-severity ``sdc`` check records that it should be drained after the job.
+        """
+        if self._sdc_pending is None:
+            return []
+        marker, nodes = self._sdc_pending
+        decision = sdc.exclusion_decision(marker, nodes, self.cfg.node_id, self.cfg.max_nodes)
+        if decision.exclude:
+            return [decision.reason]
+        if decision.reason:
+            self.emit(HealthCheckResult(time=time.time(), host=self.cfg.node_id, name="sdc", severity="low",
+                                        ok=False, detail=decision.reason, attempt=self.attempt))
+        return []
 
     def _lemon_reasons(self) -> list[str]:
         from trainguard.fleetdb import FleetDB, default_db_path
@@ -245,6 +270,7 @@ class GuardAgent(LocalElasticAgent):
             heartbeat_dir=self.hb_dir(), evidence_dir=self.diag_dir(), agent_pid=os.getpid(),
             chaos=self.cfg.chaos, pg_timeout_seconds=self.cfg.pg_timeout_seconds(), auto=self.cfg.auto_instrument,
         ).to_environ()
+        env[sdc.ENV_CHECK_EVERY] = str(self.cfg.sdc_check_every)
         paths = [self._base_pythonpath] if self._base_pythonpath else []
         if self.cfg.auto_instrument:
             site = _auto_instrument_path()
@@ -268,12 +294,14 @@ class GuardAgent(LocalElasticAgent):
         mono = time.monotonic()
         self.watchdog.new_attempt(mono)
         self._last_alive_mono = mono
+        self._sdc_rollback()
         resume = latest_checkpoint(self.cfg.checkpoint_dir)
         ws = worker_group.workers[0].world_size if worker_group.workers else 0
         self.emit(AttemptStarted(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, world_size=ws,
                                  hosts=(self.cfg.node_id,), resume_step=resume))
         self._attempt_closed = False
         self._early = None
+        self.watch.on_attempt(self.attempt)
         return super()._start_workers(worker_group)
 
     # --- watching -------------------------------------------------------------------------------
@@ -293,6 +321,11 @@ class GuardAgent(LocalElasticAgent):
         return failed
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        marker_file = sdc.marker_path(self.cfg.run_dir, self.attempt)
+        if self._sdc_pending is None and os.path.lexists(marker_file):  # one stat per poll
+            marker = sdc.read_marker(marker_file)
+            if marker is not None and marker.attempt == self.attempt:
+                return self._on_sdc(worker_group, marker)
         early = self._exited_early(worker_group)
         if early and self._early is None:
             wall, mono = time.time(), time.monotonic()
@@ -309,6 +342,7 @@ class GuardAgent(LocalElasticAgent):
             verdict = self.watchdog.check(self._read_beats(worker_group), mono)
             if verdict is None:
                 self._last_alive_mono = mono
+                self.watch.poll(lambda: self._live(worker_group, set()), self.leader)
                 return result
             return self._on_hang(worker_group, verdict, time.time(), mono)
         if result.state == WorkerState.FAILED:
@@ -355,6 +389,89 @@ class GuardAgent(LocalElasticAgent):
         self._close_attempt("failure", codes[failed[0]] if failed else None)
         self._apply_policy(beats, ev)
         return result
+
+    # --- silent data corruption ---------------------------------------------------------------------
+
+    def _on_sdc(self, wg: WorkerGroup, marker: sdc.SdcMarker) -> RunResult:
+        """The ranks found replicas that disagree: stop them, record it; rollback and exclusion follow at
+        the restart (`_sdc_rollback`, `_sdc_exclusion`), once every node has stopped its workers."""
+        wall = time.time()
+        # The ranks wait for us: stop them before anything else so no save of corrupted state commits.
+        self._stop_local_workers(signal.SIGTERM)
+        nodes = self.layout.rank_nodes(self.attempt)
+        self._sdc_pending = (marker, nodes)
+        culprits = list(marker.culprit_ranks)
+        hosts = tuple(sorted({nodes.get(r, self.cfg.node_id) for r in culprits}))
+        plan = sdc.rollback_plan(self._committed_checkpoints(), marker.last_clean_step)
+        if plan.resume_step is not None:
+            rollback = (f"rolling back to the checkpoint of step {plan.resume_step} (newest at or before the last "
+                        f"clean step {marker.last_clean_step})")
+        elif plan.set_aside:
+            rollback = (f"no checkpoint at or before the last clean step {marker.last_clean_step}: "
+                        f"restarting from the beginning")
+        else:
+            rollback = (f"WARNING: no trainguard checkpoint to roll back to: the restart resumes from the "
+                        f"script's own checkpoint, which may be newer than the last clean step "
+                        f"{marker.last_clean_step} and still carry the corruption")
+            log.warning("sdc: %s", rollback)
+        if plan.set_aside:
+            rollback += f"; checkpoints {', '.join(str(s) for s in plan.set_aside)} set aside"
+        exclusion = self._exclusion_note(marker, nodes)
+        who = "culprit" if marker.majority else "suspects (no majority)"
+        detail = f"{marker.explanation}; {who}: ranks {', '.join(map(str, culprits))}; {rollback}; {exclusion}"
+        if self._claim_failure():
+            relative = str(sdc.marker_path(Path("."), self.attempt))
+            record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind="sdc",
+                                     ranks=tuple(culprits), hosts=hosts,
+                                     detection_latency_seconds=max(0.0, wall - marker.last_clean_time),
+                                     step=marker.step, evidence=(relative,), detail=detail)
+            self.failures.append(record)
+            self.emit(record)
+            self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
+                                category="Silent Data Corruption", group="GPU", verdict="sdc",
+                                culprit_ranks=tuple(culprits), culprit_hosts=hosts,
+                                confidence=0.9 if marker.majority else 0.5,
+                                explanation=f"parameter fingerprints after step {marker.step}: "
+                                            f"{marker.explanation}", evidence=(relative,)))
+        self._close_attempt("failure", None)
+        beats = self._read_beats(wg)
+        self._apply_policy(beats, evidence.Evidence(self.diag_dir()))
+        return RunResult(state=WorkerState.FAILED)
+
+    def _exclusion_note(self, marker: sdc.SdcMarker, nodes: dict[int, str]) -> str:
+        notes = []
+        for node in sorted({nodes.get(r, self.cfg.node_id) for r in marker.culprit_ranks}):
+            decision = sdc.exclusion_decision(marker, nodes, node, self.cfg.max_nodes)
+            notes.append(f"node {node} excluded at the restart" if decision.exclude
+                         else f"node {node} {decision.reason.partition('; ')[2]}")
+        return "; ".join(notes) or "no node to exclude"
+
+    def _committed_checkpoints(self) -> list[int]:
+        from trainguard.checkpoint.manifest import committed_steps
+
+        return committed_steps(self.cfg.checkpoint_dir)
+
+    def _sdc_rollback(self) -> None:
+        """Before the restart after corruption: move checkpoints newer than the last clean step aside
+        (``.sdc-suspect-step-N-...``, kept as evidence), so the restore resumes from a clean one."""
+        if self._sdc_pending is None:
+            return
+        marker, _ = self._sdc_pending
+        self._sdc_pending = None
+        plan = sdc.rollback_plan(self._committed_checkpoints(), marker.last_clean_step)
+        for step in plan.set_aside:
+            path = self.cfg.checkpoint_dir / f"step-{step}"
+            aside = self.cfg.checkpoint_dir / f".sdc-suspect-step-{step}-a{marker.attempt}-{os.getpid()}"
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue  # another node sharing the folder moved it first
+            except OSError as exc:
+                log.warning("sdc: cannot set aside %s (%s); the restore may pick it", path, exc)
+                continue
+            self.emit(CheckpointRejected(time=time.time(), host=self.cfg.node_id, attempt=marker.attempt, step=step,
+                                         path=str(aside), reason=f"sdc: taken after the last clean step "
+                                         f"{marker.last_clean_step} (corruption found after step {marker.step})"))
 
     def _wait_for_peer_dumps(self, wg: WorkerGroup, world: int) -> None:
         if len(wg.workers) >= world:

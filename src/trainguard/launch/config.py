@@ -9,6 +9,7 @@ from typing import Any
 from trainguard.errors import UsageError
 from trainguard.launch.watchdog import WatchdogConfig
 from trainguard.protocol import RunLayout
+from trainguard.sdc import DEFAULT_CHECK_EVERY
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class SupervisorConfig:
     """Only these local ranks' output reaches the console (empty: all); files keep every rank."""
     quiet: bool = False
     """No worker output on the console (the files are still written)."""
+    sdc_check_every: int = DEFAULT_CHECK_EVERY
+    """Compare the data-parallel replicas' parameter fingerprints every this many optimizer steps (0: off);
+    see docs/sdc.md. Handed to the workers as ``TRAINGUARD_SDC_EVERY``."""
     log_line_prefix: str = "[rank${rank}]: "
     """Prefix of each worker line on the console; ``${rank}``, ``${local_rank}``, ``${role_name}`` expand."""
 

@@ -25,7 +25,7 @@ from trainguard.localize.reader import (
     read_dump,
     read_regular_file,
 )
-from trainguard.localize.verdicts import Context, group_problems, order_problems
+from trainguard.localize.verdicts import Context, Gap, group_problems, missing_records, order_problems
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +200,16 @@ def _analyze(
     unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
     world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable) + 1)) | set(hosts)
              | set(range(world_size)))
-    ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable, hosts=hosts,
-                  evidence_files=_evidence_files(directory))
-    problems = order_problems(group_problems(matcher, ctx))
+    ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable,
+                  empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory))
+    notes: list[Gap] = []
+    problems = order_problems(group_problems(matcher, ctx, notes))
+    records, decisive = missing_records(ctx, notes)
     if not problems and unreadable:
-        problems = [_incomplete(sorted(unreadable), warnings, hosts)]
+        problems = [_incomplete(sorted(unreadable), warnings, hosts, records)]
+    elif not problems and decisive:
+        # Nothing recorded shows a problem, but what is not recorded could: say so rather than "healthy".
+        problems = [_insufficient(records, sorted(matcher.empty_ranks), hosts, bool(matcher.groups))]
     missing = sorted(world - matcher.ranks)
     for r in [r for r in missing if r not in unreadable][:_MAX_RANK_WARNINGS]:
         warnings.append(FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
@@ -224,17 +229,21 @@ def _analyze(
             explanation=text, problems=tuple(problems), warnings=tuple(warnings),
             ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
             format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
-            unreadable_ranks=tuple(sorted(unreadable)),
+            unreadable_ranks=tuple(sorted(unreadable)), missing_records=tuple(records),
         )
     else:
         ngroups = len(matcher.groups)
         text = (f"{len(matcher.ranks)} rank(s), {ngroups} process group(s): every collective matched across "
                 "ranks and none is stuck.")
+        if "gloo" in matcher.backends:
+            text += (" (gloo records no send/recv: a hang in point-to-point ops of a group without recorded "
+                     "collectives would not show here.)")
         report = LocalizationReport(
             verdict="healthy", process_group=None, collective_seq=None, op=None, culprit_ranks=(),
             culprit_hosts=(), explanation=text, problems=(), warnings=tuple(warnings),
             ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
             format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+            missing_records=tuple(records),
         )
     return report
 
@@ -245,7 +254,33 @@ def _unreadable_sentence(ranks: list[int]) -> str:
             "warnings): state unknown.")
 
 
-def _incomplete(ranks: list[int], warnings: list[FileWarning], hosts: dict[int, str]) -> Problem:
+def _host_list(ranks: list[int], hosts: dict[int, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for r in ranks:
+        h = hosts.get(r)
+        if h and h not in out:
+            out.append(h)
+    return tuple(out)
+
+
+def _insufficient(records: list[str], empty: list[int], hosts: dict[int, str], recorded: bool) -> Problem:
+    """No problem in what the dumps record, but they lack records that could show one."""
+    text = (("Every recorded collective matched across ranks and none is stuck, but the dumps lack records "
+             "that could show a problem: " if recorded else "The dumps record no collective at all: ")
+            + f"{'; '.join(records[:3])}. Whether the job is healthy cannot be told from them: check the "
+            "ranks' stacks (stacks_rank_<r>.txt)"
+            + (", or gather dumps with the recorder on (TORCH_FR_BUFFER_SIZE > 0)." if empty else
+               ": a rank blocked in a send or receive shows there."))
+    return Problem(
+        verdict="insufficient-evidence", process_group="", process_group_desc="", group_ranks=(),
+        collective_seq=None, op="", culprit_ranks=tuple(empty), culprit_hosts=_host_list(empty, hosts),
+        waiting_ranks=(), consequence_ranks=(), explanation=text, confidence=0.5,
+        missing_records=tuple(records),
+    )
+
+
+def _incomplete(ranks: list[int], warnings: list[FileWarning], hosts: dict[int, str],
+                records: list[str]) -> Problem:
     """No problem among the readable dumps, but some ranks are unknown: health is not established."""
     reasons = [f"{w.file}: {w.message}" for w in warnings if w.rank in ranks][:2]
     text = (f"The readable dumps show no problem, but {_unreadable_sentence(ranks)[:-len(' state unknown.')]} "
@@ -253,15 +288,10 @@ def _incomplete(ranks: list[int], warnings: list[FileWarning], hosts: dict[int, 
             f"{'those ranks are' if len(ranks) > 1 else 'that rank is'} the suspect"
             f"{'s' if len(ranks) > 1 else ''}; check {'their' if len(ranks) > 1 else 'its'} logs and stacks, or "
             "gather the dumps again.")
-    culprit_hosts: list[str] = []
-    for r in ranks:
-        h = hosts.get(r)
-        if h and h not in culprit_hosts:
-            culprit_hosts.append(h)
     return Problem(
         verdict="incomplete", process_group="", process_group_desc="", group_ranks=(), collective_seq=None,
-        op="", culprit_ranks=tuple(ranks), culprit_hosts=tuple(culprit_hosts), waiting_ranks=(),
-        consequence_ranks=(), explanation=text, confidence=0.5,
+        op="", culprit_ranks=tuple(ranks), culprit_hosts=_host_list(ranks, hosts), waiting_ranks=(),
+        consequence_ranks=(), explanation=text, confidence=0.5, missing_records=tuple(records),
     )
 
 

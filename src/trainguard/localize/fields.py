@@ -108,5 +108,30 @@ def check_entry(e: dict[str, Any], index: int, seen_frames: set[int]) -> None:
         raise _bad(index, "frames", v, "a list of {name, filename, line}")
 
 
+# Fields an entry of a clone (a rank whose relative trace equals a checked template's) is not compared
+# on, but that its evidence record reads from its own entry (op_id is guarded where it is read).
+_CLONE_INT_FIELDS = ("record_id", "time_created_ns", "time_discovered_started_ns")
+
+
+def check_clone_entry(e: dict[str, Any], index: int, like: dict[str, Any], seen_frames: set[int]) -> None:
+    """`check_entry` for an entry equal to the checked template entry ``like`` in every compared field
+    (pg_id, sequence number, op name, sizes, dtypes, state, retired): only the other fields are checked;
+    frames equal to the template's need no check either. Raises `DumpError` like `check_entry`."""
+    get = e.get
+    for k in _CLONE_INT_FIELDS:
+        v = get(k)
+        if v is not None and not _int_ok(v):
+            raise _bad(index, k, v, "an integer")
+    v = get("process_group")
+    if v is not None and not (v.__class__ in (list, tuple) and 0 < len(v) <= 8 and all(_text_ok(x) for x in v)):
+        raise _bad(index, "process_group", v, "a (name, description) pair of strings")
+    v = get("frames")
+    if v is not None:
+        t = like.get("frames")
+        # a list compares its length first: a hostile one differs at once, without deep recursion
+        if v is not t and v != t and not _frames_ok(v, seen_frames):
+            raise _bad(index, "frames", v, "a list of {name, filename, line}")
+
+
 def _bad(index: int, key: str, value: Any, expected: str) -> DumpError:
     return DumpError(f"malformed dump: entry {index}: '{key}' must be {expected}, not {describe(value)}")

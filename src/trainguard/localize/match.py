@@ -16,14 +16,16 @@ its first divergence and newest sequence number stay, so memory stays bounded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.localize.fields import check_entry
+from trainguard.localize.fields import check_clone_entry, check_entry
 from trainguard.localize.model import EntryView, RankGroupState
 from trainguard.localize.reader import MAX_RANK, Dump
 
@@ -57,6 +59,9 @@ _TEMPLATES = 4
 """Recent templates a new rank is compared with."""
 _PENDING_TEMPLATES = 32
 """Templates kept alive for later materialization; beyond that the oldest is materialized and freed."""
+_RECENT_GAPS = 6
+"""Intervals between collective entries whose unrecorded-op counts are kept per (rank, group) on gloo."""
+_INT64 = 2**63
 
 
 @dataclass(slots=True)
@@ -118,6 +123,8 @@ class _Slot:
     """Entries with a collective sequence number (what replay walks)."""
     active: list[tuple[int, int, bool]]
     """(position, seq, is_p2p) of unfinished entries."""
+    last_p2p_seq: int = -1
+    """Highest p2p sequence number among the group's entries (to read NCCL's pg_status)."""
 
 
 @dataclass(eq=False)
@@ -251,6 +258,7 @@ def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, 
         if m:
             local = int(m.group(2))
             peer = members[local] if members and local < len(members) else local
+    after = e.get("collective_seq_id") if is_p2p else None
     started = e.get("time_discovered_started_ns")
     state = str(s.get("state", ""))
     if not gloo and state == "scheduled" and started:
@@ -272,6 +280,7 @@ def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, 
         frames=_frames(e.get("frames")) if frames is None else frames,
         time_created_ns=e.get("time_created_ns"),
         retired=bool(s.get("retired")),
+        after_seq=after if after.__class__ is int else None,
     )
 
 
@@ -285,12 +294,14 @@ class Matcher:
         self.versions: dict[str, int] = {}
         self.fast_ranks = 0
         """Ranks recorded through the fast path (reported by the benchmark)."""
+        self.empty_ranks: set[int] = set()
+        """Ranks whose dump holds no entry at all (recorder off, or counters only): state unknown."""
         self._names: dict[str, tuple[str, bool, bool, bool]] = {}
         self._config_read = False
         self._templates: list[_Template] = []
         self._pending: list[_Template] = []
         self._seen: dict[str, int] = {}
-        self._pg_config: dict[str, Any] = {}
+        self._pg_config: Mapping[str, Any] = {}
 
     def _group(self, name: str, desc: str) -> GroupAcc:
         g = self.groups.get(name)
@@ -332,6 +343,8 @@ class Matcher:
                 if e.__class__ is dict:
                     check_entry(e, i, checked)
         self.ranks.add(rank)
+        if not entries:
+            self.empty_ranks.add(rank)
         self.versions[dump.fmt.version] = self.versions.get(dump.fmt.version, 0) + 1
         if dump.pg_config and not self._config_read:
             # Every rank lists every group (groups are created collectively): read it once.
@@ -372,11 +385,13 @@ class Matcher:
         """Whether the rank can be recorded as a clone of ``t``; type-checks the entries that would become
         its evidence (raises `DumpError`). False: take the slow path (which checks every entry)."""
         seen: set[int] = set()
+        tentries = t.entries
+        assert tentries is not None  # a template that takes clones keeps its entries
         for slot in t.slots.values():
-            pos = [slot.first_pos, *([slot.last_pos] if slot.last_pos >= 0 else []),
-                   *(p for p, _, _ in slot.active)]
-            for p in pos:
-                check_entry(entries[p], p, seen)
+            pos = {slot.first_pos, *([slot.last_pos] if slot.last_pos >= 0 else []),
+                   *(p for p, _, _ in slot.active)}
+            for p in sorted(pos):
+                check_clone_entry(entries[p], p, tentries[p], seen)
             pg = entries[slot.first_pos].get("process_group")
             if not isinstance(pg, (list, tuple)) or not pg:
                 return False
@@ -385,7 +400,7 @@ class Matcher:
                 return False  # the same rank twice in one group: let the slow path sort it out
         return True
 
-    def _clone(self, rank: int, entries: list[dict[str, Any]], pg_config: dict[str, Any],
+    def _clone(self, rank: int, entries: list[dict[str, Any]], pg_config: Mapping[str, Any],
                t: _Template) -> list[GroupAcc] | None:
         """The rank did what template ``t`` did, group for group: record it as a virtual member."""
         placed: list[tuple[Any, _Slot, GroupAcc]] = []
@@ -402,7 +417,7 @@ class Matcher:
             if g.config_ranks is None and g.name in pg_config:
                 cfg = pg_config[g.name]
                 g.config_ranks = _parse_ranks(cfg.get("ranks")) if isinstance(cfg, dict) else None
-            st = g.ranks[rank] = RankGroupState(last_seq=slot.last_seq)
+            st = g.ranks[rank] = RankGroupState(last_seq=slot.last_seq, last_p2p_seq=slot.last_p2p_seq)
             g.pg_ids[rank] = str(pg_id)
             members = g.config_ranks
             if slot.last_pos >= 0:
@@ -410,6 +425,9 @@ class Matcher:
                 gloo, done = _done(e)
                 like, frames = t.view_source(slot.last_pos, e)
                 st.last = make_view(rank, e, slot.last_seq, False, done, gloo, members, like, frames)
+                # op ids are not part of the compared trace: ranks with equal collectives can differ in
+                # the send/recv between them (pipeline stages), so they are read from this rank's entries
+                _op_counts(st, entries, slot, "collective_seq_id", gloo)
             for pos, seq, is_p2p in slot.active:
                 e = entries[pos]
                 like, frames = t.view_source(pos, e)
@@ -442,8 +460,10 @@ class Matcher:
             op, rank_dependent, gloo, p2p_by_name = info
             done = e.get("retired") is True if gloo else e.get("state") == "completed"
             if e.get("is_p2p") if has_flag else p2p_by_name:
+                p2p_seq = _int(e.get("p2p_seq_id", e.get(seq_key)))
+                if p2p_seq > slot.last_p2p_seq:
+                    slot.last_p2p_seq = st.last_p2p_seq = p2p_seq
                 if not done:
-                    p2p_seq = _int(e.get("p2p_seq_id", e.get(seq_key)))
                     st.active.append(make_view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
                     slot.active.append((idx, p2p_seq, True))
                 continue
@@ -476,6 +496,8 @@ class Matcher:
         template = None
         if sigs is not None and len({pg_id for *_, pg_id in local.values()}) == len(local):
             template = _Template(rank, sigs, entries, {}, {})
+        if not local:
+            self.empty_ranks.add(rank)  # only items that are not entries
         touched = []
         for g, st, slot, pg_id in local.values():
             slot.last_seq = st.last_seq
@@ -483,6 +505,7 @@ class Matcher:
                 e = entries[slot.last_pos]
                 gloo, done = _done(e)
                 st.last = make_view(rank, e, st.last_seq, False, done, gloo, g.config_ranks)
+                _op_counts(st, entries, slot, seq_key, gloo)
             if template is not None:
                 template.slots[pg_id] = slot
                 template.own_groups[pg_id] = g.name
@@ -512,7 +535,7 @@ class Matcher:
             oldest.entries = None
 
     def _rank_group(self, rank: int, e: dict[str, Any], pg: Any,
-                    pg_config: dict[str, Any]) -> tuple[GroupAcc, RankGroupState]:
+                    pg_config: Mapping[str, Any]) -> tuple[GroupAcc, RankGroupState]:
         has_pair = isinstance(pg, (list, tuple)) and len(pg) > 0
         gname = str(pg[0]) if has_pair else str(e.get("pg_id", "?"))
         desc = str(pg[1]) if has_pair and len(pg) > 1 else ""
@@ -598,6 +621,32 @@ class Matcher:
                 self._materialize(g)
         self._templates.clear()
         self._pending.clear()
+
+
+def _op_counts(st: RankGroupState, entries: list[dict[str, Any]], slot: _Slot, seq_key: str, gloo: bool) -> None:
+    """Read the op ids around the rank's last collective entry of one group.
+
+    ``op_id`` counts every op of a group, send/recv included, and ``collective_seq_id`` only collectives;
+    both start at 1. gloo records no send/recv, so there ``op_id - collective_seq_id`` is the number of
+    ops the recorder left out, and its ``pg_status`` counts in op ids. O(1) per group: the fast path
+    calls this for every rank.
+    """
+    e = entries[slot.last_pos]
+    op, seq = e.get("op_id"), e.get(seq_key)
+    if op.__class__ is not int or seq.__class__ is not int or not -_INT64 < op < _INT64:
+        return
+    st.last_op_id = op
+    if not gloo:
+        return  # NCCL records its send/recv: nothing is left out
+    st.unrecorded = max(op - seq, 0)
+    vals = []
+    for p in slot.positions[-(_RECENT_GAPS + 1):]:
+        x = entries[p]
+        o, q = x.get("op_id"), x.get(seq_key)
+        # positions come from the template for a clone: its entries there were not type-checked
+        if o.__class__ is int and q.__class__ is int and -_INT64 < o < _INT64 and -_INT64 < q < _INT64:
+            vals.append(o - q)
+    st.recent_gaps = tuple(b - a for a, b in itertools.pairwise(vals))
 
 
 def _done(e: dict[str, Any]) -> tuple[bool, bool]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("healthy", "hang", "desync", "mismatch", "crash", "p2p-hang", "incomplete")
+VERDICTS = ("healthy", "hang", "desync", "mismatch", "crash", "p2p-hang", "incomplete", "insufficient-evidence")
 """Every verdict a report can carry (see docs/localize.md)."""
 
 
@@ -39,6 +39,9 @@ class EntryView:
     time_created_ns: int | None = None
     retired: bool = False
     """Removed from the work list; on NCCL a retired entry that never completed timed out."""
+    after_seq: int | None = None
+    """For a send/recv: the group's collective sequence number when it was posted (the collective
+    before it); None for collectives and where the format has one counter for both."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +61,7 @@ class EntryView:
             "frames": list(self.frames),
             "time_created_ns": self.time_created_ns,
             "retired": self.retired,
+            "after_seq": self.after_seq,
         }
 
 
@@ -91,6 +95,8 @@ class Problem:
     """0-1; lower where the backend records too little to be sure (gloo has no completion times)."""
     blocked_by: tuple[int, ...] = ()
     """Indexes (in the report's ``problems``) of problems that explain this one."""
+    missing_records: tuple[str, ...] = ()
+    """Records this verdict would need that the dumps lack (gloo's send/recv, empty recorders, ...)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +113,7 @@ class Problem:
             "explanation": self.explanation,
             "confidence": self.confidence,
             "blocked_by": list(self.blocked_by),
+            "missing_records": list(self.missing_records),
             "evidence": [e.to_json() for e in self.evidence],
             "evidence_files": list(self.evidence_files),
         }
@@ -151,6 +158,8 @@ class LocalizationReport:
     """Time the analysis took."""
     unreadable_ranks: tuple[int, ...] = ()
     """Ranks with a file that could not be read (damaged, refused, a link): state unknown, never healthy."""
+    missing_records: tuple[str, ...] = ()
+    """What the dumps do not record that a verdict could need, whatever the verdict (one line each)."""
 
     @property
     def ok(self) -> bool:
@@ -170,6 +179,7 @@ class LocalizationReport:
             "ranks_analyzed": len(self.ranks_analyzed),
             "missing_ranks": list(self.missing_ranks),
             "unreadable_ranks": list(self.unreadable_ranks),
+            "missing_records": list(self.missing_records),
             "backend": self.backend,
             "format_versions": list(self.format_versions),
             "path": self.path,
@@ -187,3 +197,12 @@ class RankGroupState:
     """Its last collective entry."""
     active: list[EntryView] = field(default_factory=list)
     """Entries not completed (in flight, stuck or timed out), collectives and p2p."""
+    last_op_id: int = -1
+    """``op_id`` of the last collective entry: gloo's ``pg_status`` counts in op ids, not sequence numbers."""
+    last_p2p_seq: int = -1
+    """Highest p2p sequence number recorded (NCCL's ``pg_status`` names a p2p one after a send/recv)."""
+    unrecorded: int = 0
+    """gloo: ops of this group the recorder left out up to the last collective entry (``op_id`` minus
+    ``collective_seq_id``: send/recv, which gloo never records)."""
+    recent_gaps: tuple[int, ...] = ()
+    """gloo: unrecorded ops between each of the last few collective entries and the one before, oldest first."""

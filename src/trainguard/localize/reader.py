@@ -10,13 +10,23 @@ import errno
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import re
 import stat
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import resource
+except ImportError:  # not a POSIX system: pickles are then walked opcode by opcode instead
+    resource = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -153,25 +163,130 @@ def _estimate_bytes(data: bytes, heavy: bytes, light: bytes) -> int:
     return 32 * n + 240 * n_heavy + 80 * n_light
 
 
+def _worst_case_bytes(n: int, heavy: bytes, light: bytes) -> int:
+    """`_estimate_bytes` if every byte were of the costliest kind: needs no pass over the data."""
+    return n * (32 + (240 if heavy else 80 if light else 0))
+
+
 def _check_budget(data: bytes, heavy: bytes, light: bytes) -> None:
+    if _worst_case_bytes(len(data), heavy, light) <= MAX_OBJECT_BYTES:
+        return  # under ~4 MB (every real 2,000-entry dump): even the worst case fits, nothing to count
     est = _estimate_bytes(data, heavy, light)
     if est > MAX_OBJECT_BYTES:
         raise DumpError(f"refused: decoding could build up to {est // 1024**2} MB of objects "
                         f"(limit {MAX_OBJECT_BYTES // 1024**2} MB); no real dump needs that")
 
 
-def safe_unpickle(data: bytes) -> Any:
-    """Unpickle plain data only, within `MAX_OBJECT_BYTES`. Raises `DumpError` for anything else."""
-    _check_budget(data, _HEAVY, _LIGHT)
-    _scan_pickle(data)
+# --- the memory cap while a pickle is decoded -----------------------------------------------------------
+#
+# Besides the objects its bytes spell out (bounded by `_check_budget`), the C unpickler allocates from
+# the input in one place: a PUT / LONG_BINPUT index sizes its memo array (twice the index, zero-filled),
+# so 9 bytes can ask for gigabytes. Finding those opcodes needs a walk over every opcode, which costs as
+# much as unpickling itself. Instead, where the kernel enforces it, the process's data segment
+# (RLIMIT_DATA: heap and private writable mappings) is capped while one pickle is decoded, at what the
+# file's size can justify: a memo (or anything else) beyond it fails to allocate at once, before a byte
+# of it is touched, and the exact walk then runs only to say why.
+
+_CAP_SLACK = 64 * 1024**2
+"""Headroom of the cap beyond what the file can build: the interpreter's own allocations meanwhile."""
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_cap_lock = threading.Lock()  # the limit is per process: one capped decode at a time
+_cap_state: list[bool] = []  # [whether RLIMIT_DATA is enforced here], decided on first use
+
+
+def _data_in_use() -> int | None:
+    """The data segment's size as RLIMIT_DATA counts it (from /proc/self/statm), or None."""
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).split()[5]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _cap_enforced() -> bool:
+    """Whether capping RLIMIT_DATA stops an allocation here (Linux >= 4.7 also counts mmap); probed once
+    by mapping 256 MB (never touched) under a 16 MB cap."""
+    if not _cap_state:
+        ok = False
+        if resource is not None and sys.platform.startswith("linux"):
+            with _cap_lock, _capped(16 * 1024**2) as capped:
+                if capped:
+                    try:  # private and writable, like the heap (a shared mapping is not counted)
+                        mmap.mmap(-1, 256 * 1024**2, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS).close()
+                    except (OSError, MemoryError):
+                        ok = True
+        _cap_state.append(ok)
+    return _cap_state[0]
+
+
+@contextmanager
+def _capped(headroom: int) -> Iterator[bool]:
+    """While the block runs, the data segment may grow by ``headroom`` bytes at most (never above a
+    limit already set); yields False, capping nothing, where the limit cannot be set."""
+    used = _data_in_use()
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    except (AttributeError, OSError, ValueError):
+        used = None
+    if used is None:
+        yield False
+        return
+    limit = used + headroom
+    inf = resource.RLIM_INFINITY
+    if soft != inf and soft <= limit:
+        yield True  # a lower limit is already in place: it bounds this decode too
+        return
+    if hard != inf:
+        limit = min(limit, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (OSError, ValueError):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _load(data: bytes) -> Any:
     try:
         # BufferedReader has peek(): the C unpickler then reads ahead in large chunks instead of
         # calling read() per opcode, which makes it as fast as pickle.loads.
         return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data))).load()
+    except MemoryError:
+        raise
     except pickle.UnpicklingError as exc:
         raise DumpError(str(exc)[:300]) from None
     except Exception as exc:  # nothing but plain data can be built: any error means damage
         raise DumpError(f"damaged or truncated pickle ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+
+
+def safe_unpickle(data: bytes) -> Any:
+    """Unpickle plain data only, within `MAX_OBJECT_BYTES`. Raises `DumpError` for anything else."""
+    _check_budget(data, _HEAVY, _LIGHT)
+    if not _cap_enforced():
+        _scan_pickle(data)  # no cap here: find the memo indexes by walking every opcode
+        try:
+            return _load(data)
+        except MemoryError:
+            raise DumpError("refused: not enough memory to decode this pickle") from None
+    headroom = min(_worst_case_bytes(len(data), _HEAVY, _LIGHT), MAX_OBJECT_BYTES) + _CAP_SLACK
+    try:
+        with _cap_lock, _capped(headroom) as capped:
+            if not capped:  # e.g. /proc unreadable: fall back to the walk
+                _scan_pickle(data)
+            return _load(data)
+    except MemoryError:
+        pass
+    _scan_pickle(data)  # the usual cause is an impossible memo index: name it
+    raise DumpError(f"refused: decoding this pickle of {len(data)} bytes needed more than "
+                    f"{headroom // 1024**2} MB, more than a file of its size can build")
 
 
 def parse_version(raw: Any) -> tuple[int, int] | None:
@@ -209,7 +324,8 @@ class Dump:
     fmt: FormatInfo
     entries: list[Any]
     """Raw entries (dicts in any real dump; anything else is skipped when matching)."""
-    pg_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pg_config: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    """Group name -> {name, desc, ranks (raw)} (a `GroupConfigs`, normalised on lookup)."""
     pg_status: dict[str, dict[str, int]] = field(default_factory=dict)
     comm_lib_version: str = ""
 
@@ -303,25 +419,62 @@ def _normalise_status(raw: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def _normalise_config(raw: Any) -> dict[str, dict[str, Any]]:
-    """pg_config with text keys, names and descriptions; member lists stay raw (parsed lazily, bounded)."""
-    out: dict[str, dict[str, Any]] = {}
-    if not isinstance(raw, dict):
+def _clean_config(cfg: Any) -> dict[str, Any] | None:
+    """One pg_config value with text name and description; the member list stays raw (parsed lazily,
+    bounded); None when it is not a dict."""
+    if not isinstance(cfg, dict):
+        return None
+    clean: dict[str, Any] = {}
+    for field_name in ("name", "desc"):
+        v = cfg.get(field_name)
+        if v is not None:
+            clean[field_name] = _group_key(v) or ""
+    ranks = cfg.get("ranks")
+    if isinstance(ranks, (str, list, tuple)):
+        clean["ranks"] = ranks
+    return clean
+
+
+class GroupConfigs(Mapping[str, dict[str, Any]]):
+    """A dump's ``pg_config`` by group name, each value normalised when it is first looked up.
+
+    NCCL dumps list every group of the job in every rank's dump (thousands at scale), while the matcher
+    reads the whole table once per analysis and otherwise looks up a few groups per rank: normalising
+    every dump's table up front cost work proportional to ranks x groups.
+    """
+
+    __slots__ = ("_clean", "_raw")
+
+    def __init__(self, raw: Any) -> None:
+        self._raw: dict[Any, Any] = raw if isinstance(raw, dict) else {}
+        self._clean: dict[str, dict[str, Any] | None] = {}
+
+    def _lookup(self, name: str) -> dict[str, Any] | None:
+        if name in self._clean:
+            return self._clean[name]
+        raw = self._raw.get(name)
+        if raw is None and name.lstrip("-").isdigit() and len(name) <= 20:
+            raw = self._raw.get(int(name))  # the JSON form and old dumps may key groups by number
+        out = self._clean[name] = _clean_config(raw)
         return out
-    for key, cfg in raw.items():
-        name = _group_key(key)
-        if name is None or not isinstance(cfg, dict):
-            continue
-        clean: dict[str, Any] = {}
-        for field_name in ("name", "desc"):
-            v = cfg.get(field_name)
-            if v is not None:
-                clean[field_name] = _group_key(v) or ""
-        ranks = cfg.get("ranks")
-        if isinstance(ranks, (str, list, tuple)):
-            clean["ranks"] = ranks
-        out[name] = clean
-    return out
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        out = self._lookup(name) if isinstance(name, str) else None
+        if out is None:
+            raise KeyError(name)
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        for key, cfg in self._raw.items():
+            name = _group_key(key)
+            if name is not None and isinstance(cfg, dict):
+                yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return next(iter(self), None) is not None  # stops at the first valid group
 
 
 def decode_dump(data: bytes, rank: int, path: Path) -> Dump:
@@ -358,7 +511,7 @@ def decode_dump(data: bytes, rank: int, path: Path) -> Dump:
         path=path,
         fmt=fmt,
         entries=entries,  # items that are not dicts are skipped by the matcher; fields checked there
-        pg_config=_normalise_config(top.get("pg_config")),
+        pg_config=GroupConfigs(top.get("pg_config")),
         pg_status=_normalise_status(top.get("pg_status")),
         comm_lib_version=lib[:64] if isinstance(lib, str) else "",
     )

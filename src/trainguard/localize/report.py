@@ -14,7 +14,9 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 
 def _problem_lines(i: int, p: Problem, *, verbose: bool) -> list[str]:
     group = p.process_group + (f" ({p.process_group_desc})" if p.process_group_desc else "")
-    lines = [f"[{i + 1}] {p.verdict.upper()} in group {group}, seq {p.collective_seq}, op {p.op}"]
+    seq = "unknown" if p.collective_seq is None else p.collective_seq
+    where = f"in group {group}, seq {seq}, op {p.op}" if p.process_group else "(not tied to a group)"
+    lines = [f"[{i + 1}] {p.verdict.upper()} {where}"]
     lines.append(f"    culprit ranks: {_ranks(p.culprit_ranks) or '(none identified)'}"
                  + (f"   hosts: {', '.join(p.culprit_hosts)}" if p.culprit_hosts else ""))
     if p.waiting_ranks:
@@ -33,6 +35,8 @@ def _problem_lines(i: int, p: Problem, *, verbose: bool) -> list[str]:
             lines.append(f"        {f}")
     for f in p.evidence_files[: 4 if verbose else 2]:
         lines.append(f"    - {f[:300]}")
+    for m in p.missing_records[: 8 if verbose else 3]:
+        lines.append(f"    not recorded: {m}")
     return lines
 
 
@@ -42,12 +46,15 @@ def render_text(report: LocalizationReport, *, verbose: bool = False) -> str:
     if report.culprit_ranks or report.culprit_hosts:
         out.append(f"culprit ranks: {_ranks(report.culprit_ranks)}"
                    + (f"   hosts: {', '.join(report.culprit_hosts)}" if report.culprit_hosts else ""))
-    if report.verdict != "healthy":
-        out.append(f"where: group {report.process_group}, collective seq {report.collective_seq}, "
-                   f"op {report.op}")
+    if report.verdict != "healthy" and report.process_group is not None:
+        seq = "unknown" if report.collective_seq is None else report.collective_seq
+        out.append(f"where: group {report.process_group}, collective seq {seq}, op {report.op}")
     if report.unreadable_ranks:
         out.append(f"unreadable ranks: {_ranks(report.unreadable_ranks)}   (state unknown; see the warnings)")
     out.append(report.explanation)
+    if report.missing_records:
+        out.append("not recorded in the dumps:")
+        out.extend(f"  - {m}" for m in report.missing_records[: 16 if verbose else 4])
     out.append(f"({len(report.ranks_analyzed)} rank dumps, backend {report.backend}, format "
                f"{', '.join(report.format_versions) or '?'}, {report.seconds:.2f} s)")
     if report.problems:

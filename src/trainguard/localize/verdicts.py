@@ -11,7 +11,10 @@ from trainguard.localize.model import EntryView, Problem
 
 log = logging.getLogger(__name__)
 
-_PRIORITY = {"mismatch": 0, "desync": 1, "crash": 2, "hang": 3, "p2p-hang": 4, "incomplete": 5}
+# hang and p2p-hang share a rank: when each waits on the other (a rank skipped a send and went on to a
+# collective its receiver never reaches), the one with fewer culprits is the cause.
+_PRIORITY = {"mismatch": 0, "desync": 1, "crash": 2, "hang": 3, "p2p-hang": 3, "incomplete": 5,
+             "insufficient-evidence": 6}
 _SHOW = 8  # ranks named in an explanation before "and N more"
 
 
@@ -25,6 +28,8 @@ class Context:
     """Ranks whose dump was read."""
     unreadable: frozenset[int]
     """Ranks whose file exists but could not be read: state unknown, never blamed."""
+    empty: frozenset[int]
+    """Ranks whose dump was read but holds no entry (recorder off): state unknown, never blamed."""
     hosts: dict[int, str]
     evidence_files: Callable[[int], tuple[str, ...]]
     """Rank -> its stacks / log-tail evidence (paths and last lines)."""
@@ -113,29 +118,164 @@ def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Contex
     )
 
 
-def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gloo: bool) -> Problem | None:
-    present = [r for r in members if r in ctx.dumped]
-    last: dict[int, int] = {}
-    for r in present:
+@dataclass(frozen=True)
+class _Progress:
+    """How far one member got in one group, from its entries and its ``pg_status`` counters."""
+
+    seq: int
+    """Highest collective sequence number it entered (-1: none known)."""
+    done: bool
+    """The op at ``seq`` finished: NCCL ``completed``; gloo ``retired``, which failed work is too."""
+    view: EntryView | None
+    """The recorded entry at ``seq``; None when only ``pg_status`` knows about that op."""
+    ahead: str = ""
+    """Set when ``pg_status`` counts more enqueued ops than the entries show: what is missing."""
+
+
+def _progress(g: GroupAcc, r: int, gloo: bool) -> _Progress:
+    st = g.ranks.get(r)
+    seq = st.last_seq if st is not None else -1
+    view = st.last if st is not None and st.last is not None and st.last.seq == seq else None
+    done = view.completed if view is not None else True
+    status = g.status.get(r)
+    if not status or st is None:
+        return _Progress(seq, done, view)
+    enq = status.get("last_enqueued_collective", -1)
+    fin = status.get("last_completed_collective", -1)
+    if gloo:
+        # gloo's counters are op ids (send/recv included), which differ from rank to rank in a pipeline:
+        # they say something only against this rank's own newest entry. Only recorded collectives move
+        # them, so a counter beyond that entry means at least one more collective was enqueued.
+        if 0 <= st.last_op_id < enq:
+            return _Progress(seq + 1, fin >= enq, None,
+                             f"newest entries of rank {r} in {_label(g)}: pg_status counts op {enq} enqueued, "
+                             f"the entries end at op {st.last_op_id}")
+    elif enq > seq and st.last_p2p_seq < 0:
+        # NCCL counts collectives by sequence number, but names a p2p sequence number after a send/recv:
+        # only read where this rank recorded no send/recv in the group.
+        return _Progress(enq, fin >= enq, None,
+                         f"newest entries of rank {r} in {_label(g)}: pg_status counts collective {enq} "
+                         f"enqueued, the entries end at {seq}")
+    return _Progress(seq, done, view)
+
+
+def _irregular(g: GroupAcc, ranks: list[int]) -> list[int]:
+    """gloo: ranks that left fewer send/recv out of the record before their last collective than before
+    each of at least two earlier ones: in a steady loop that is a skipped send or receive."""
+    out = []
+    for r in ranks:
         st = g.ranks.get(r)
-        seq = st.last_seq if st else -1
-        status = g.status.get(r)
-        if status:
-            seq = max(seq, status.get("last_enqueued_collective", -1))
-        last[r] = seq
-    if not last:
+        gaps = st.recent_gaps if st is not None else ()
+        if len(gaps) >= 3 and gaps[-1] < min(gaps[:-1]):
+            out.append(r)
+    return out
+
+
+def _p2p_line(g: GroupAcc, present: list[int]) -> str:
+    """The missing-records line about gloo's unrecorded send/recv in ``g`` ('' when there are none)."""
+    unrec = [(r, g.ranks[r].unrecorded) for r in present if r in g.ranks and g.ranks[r].unrecorded > 0]
+    if not unrec:
+        return ""
+    who = [r for r, _ in unrec]
+    counts = ", ".join(str(n) for _, n in unrec[:_SHOW])
+    return (f"send/recv in {_label(g)}: gloo records none; op ids count {sum(n for _, n in unrec)} since the "
+            f"group was created (rank{'s' if len(who) > 1 else ''} {_names(who)}: {counts})")
+
+
+def _p2p_sentence(who: list[int], behind: tuple[int, ...]) -> str:
+    """The explanation's sentence about gloo's unrecorded send/recv of ranks ``who``."""
+    if not who:
+        return ""
+    text = (f" gloo records no send/recv, but op ids show that rank{'s' if len(who) > 1 else ''} {_names(who)} "
+            "also sent or received between collectives")
+    if len(behind) > 1:
+        text += (f": ranks {_names(behind)} may be blocked in a send or receive (with one another or with a rank "
+                 "ahead), which the dumps cannot show, so which of them stopped first cannot be told from them; "
+                 "their stacks show where each one waits.")
+    elif behind:
+        text += (f": rank {behind[0]} may be blocked in a send or receive, which the dumps cannot show; its "
+                 "stack shows where it waits.")
+    else:
+        text += "."
+    return text
+
+
+def _skipped(g: GroupAcc, members: list[int], ctx: Context, odd: list[int], behind: tuple[int, ...],
+             top: int, p2p_line: str) -> Problem:
+    """gloo: ranks whose op ids show one send/recv fewer than usual before their last collective, while
+    other ranks never reached it: most likely those wait for the op they skipped."""
+    gaps = "; ".join(f"rank {r}: {g.ranks[r].recent_gaps[-1]} instead of at least {min(g.ranks[r].recent_gaps[:-1])}"
+                     for r in odd[:_SHOW])
+    many = len(odd) > 1
+    text = (f"In {_label(g)}, rank{'s' if many else ''} {_names(odd)} sent or received fewer times before "
+            f"{'their' if many else 'its'} last collective than before each earlier one (send/recv left out of "
+            f"gloo's record, counted from op ids: {gaps}), and rank{'s' if len(behind) > 1 else ''} "
+            f"{_names(behind)} never reached collective {top}. gloo records no send/recv, so the waiting op "
+            f"itself is not in the dumps, but in a steady loop this means rank{'s' if many else ''} "
+            f"{_names(odd)} skipped a send or receive that a lagging rank waits for.")
+    evidence = tuple(st.last for r in odd[:3] if (st := g.ranks.get(r)) is not None and st.last is not None)
+    return _problem(
+        g, members, ctx, verdict="p2p-hang", collective_seq=None, op="send/recv", culprit_ranks=tuple(odd),
+        waiting_ranks=behind, consequence_ranks=(), explanation=text, evidence=evidence, confidence=0.6,
+        missing_records=(p2p_line,) if p2p_line else (),
+    )
+
+
+def _unknown_sentence(unreadable: list[int], empty: list[int]) -> str:
+    out = ""
+    if unreadable:
+        out += (f" Rank{'s' if len(unreadable) > 1 else ''} {_names(unreadable)} could not be read (unreadable "
+                "dump): state unknown.")
+    if empty:
+        out += (f" The dump{'s' if len(empty) > 1 else ''} of rank{'s' if len(empty) > 1 else ''} {_names(empty)} "
+                "hold no entries: state unknown.")
+    return out
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Something the dumps do not record."""
+
+    line: str
+    """What is missing, one line (the report's ``missing_records``)."""
+    hides: bool
+    """It could hide a problem: with no problem found, the verdict is ``insufficient-evidence``."""
+
+
+def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gloo: bool,
+           notes: list[Gap], p2p_ranks: set[int], extra: list[Problem]) -> Problem | None:
+    """A hang, crash or unknown-rank problem of ``g`` (None when nothing is stuck). ``p2p_ranks``: ranks
+    that do send/recv gloo did not record, in any group; ``extra`` receives a gloo p2p-hang inferred
+    from op ids, when one rank skipped a send or receive."""
+    present = [r for r in members if r in ctx.dumped and r not in ctx.empty]
+    prog = {r: _progress(g, r, gloo) for r in present}
+    ahead = [p.ahead for p in prog.values() if p.ahead]
+    notes.extend(Gap(a, False) for a in ahead[:4])  # the counters say what the rank did: nothing hidden
+    if not prog:
         return None
-    top = max(last.values())
-    waiting_views = []
-    for r in present:
-        st = g.ranks.get(r)
-        if st and last[r] == top and st.last is not None and st.last.seq == top and not st.last.completed:
-            waiting_views.append(st.last)
-    waiting = tuple(v.rank for v in waiting_views)
-    behind = tuple(r for r in present if last[r] < top)
+    top = max(p.seq for p in prog.values())
+    leaders = [r for r in present if prog[r].seq == top]
+    behind = tuple(r for r in present if prog[r].seq < top)
+    waiting = tuple(r for r in leaders if not prog[r].done)
+    # On gloo a collective that some members never entered cannot have finished on the others, so
+    # there "retired" can only mean it failed (timed out, or the connection broke): they were waiting.
+    failed = not waiting and bool(behind) and gloo
+    if failed:
+        waiting = tuple(leaders)
+    waiting_views = [v for r in waiting if (v := prog[r].view) is not None]
     op = waiting_views[0].op if waiting_views else (g.seqs[top].ref.view.op if top in g.seqs else "")
     label = _label(g)
-    unknown = [r for r in members if r in ctx.unreadable]
+    unreadable = [r for r in members if r in ctx.unreadable]
+    empty = [r for r in members if r in ctx.empty]
+    unknown_text = _unknown_sentence(unreadable, empty)
+    p2p_line = _p2p_line(g, present) if gloo else ""
+    if p2p_line:
+        notes.append(Gap(p2p_line, True))
+    # a lagging rank that sends or receives anywhere may be blocked in it, unseen
+    p2p_text = _p2p_sentence(sorted(p2p_ranks & set(present)) if set(behind) & p2p_ranks else [], behind)
+    records = tuple(x for x in (p2p_line, *ahead[:2]) if x)
+    if p2p_text and not p2p_line:
+        records = (*records, "send/recv on gloo (never recorded)")
     if waiting:
         culprits = tuple(sorted(set(behind) | set(missing)))
         evidence: list[EntryView] = []
@@ -145,40 +285,60 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
                 evidence.append(st.last)
         evidence.extend(waiting_views[:3])
         if behind:
-            lag = ", ".join(f"rank {r} at {last[r] if last[r] >= 0 else 'none'}" for r in behind[:_SHOW])
-            text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "
-                    f"(collective sequence number {top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
-                    f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
-                    f"{lag}). " + ("They are the culprits: their stacks show what they do instead."
-                                   if len(behind) > 1 else
-                                   "It is the culprit: its stack shows what it does instead."))
+            lag = ", ".join(f"rank {r} at {prog[r].seq if prog[r].seq >= 0 else 'none'}" for r in behind[:_SHOW])
+            n = len(waiting)
+            if failed:
+                text = (f"In {label}, rank{'s' if n > 1 else ''} {_names(waiting)} entered {op} (collective "
+                        f"sequence number {top}) and gloo retired it, which it does for failed work too; "
+                        f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
+                        f"{lag}), and a collective cannot finish without every member, so it failed there "
+                        "(most likely timed out waiting). ")
+            else:
+                text = (f"In {label}, rank{'s' if n > 1 else ''} {_names(waiting)} entered {op} (collective "
+                        f"sequence number {top}) and wait{'s' if n == 1 else ''} in it; "
+                        f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
+                        f"{lag}). ")
+            text += ("They are the culprits: their stacks show what they do instead." if len(behind) > 1 else
+                     "It is the culprit: its stack shows what it does instead.")
+            odd = [r for r in _irregular(g, present) if r not in culprits] if gloo else []
+            if odd:
+                extra.append(_skipped(g, members, ctx, odd, behind, top, p2p_line))
+                text += (f" Rank{'s' if len(odd) > 1 else ''} {_names(odd)} most likely skipped a send or "
+                         "receive (see the p2p-hang).")
+            text += p2p_text
             if missing:
                 text += f" Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump."
-            if unknown:
-                text += (f" Rank{'s' if len(unknown) > 1 else ''} {_names(unknown)} could not be read (unreadable "
-                         "dump): state unknown.")
-            verdict, conf = "hang", 0.9
+            text += unknown_text
+            verdict = "hang"
+            conf = 0.7 if failed or p2p_line else 0.9
         elif missing:
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} wait in {op} "
                     f"(collective sequence number {top}) for rank{'s' if len(missing) > 1 else ''} "
                     f"{_names(missing)}, which left no dump: the process died (or was killed) before "
-                    "it could be asked for one.")
-            if unknown:
-                text += (f" Rank{'s' if len(unknown) > 1 else ''} {_names(unknown)} could not be read (unreadable "
-                         "dump): state unknown.")
+                    "it could be asked for one." + unknown_text)
             verdict, conf = "crash", 0.9
-        elif unknown:
-            # Every readable member waits; only the unreadable ones can say whether they entered: an
-            # unreadable rank is unknown, never evidence that the collective is merely in flight.
+        elif unreadable or empty:
+            # Every readable member waits; only the unknown ones can say whether they entered: an unknown
+            # rank is never evidence that the collective is merely in flight.
+            unknown = sorted(set(unreadable) | set(empty))
             culprits = tuple(unknown)
+            what = []
+            if unreadable:
+                what.append(f"the dump{'s' if len(unreadable) > 1 else ''} of rank{'s' if len(unreadable) > 1 else ''}"
+                            f" {_names(unreadable)} could not be read")
+            if empty:
+                what.append(f"the dump{'s' if len(empty) > 1 else ''} of rank{'s' if len(empty) > 1 else ''} "
+                            f"{_names(empty)} hold no entries")
             text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "
                     f"(collective sequence number {top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
-                    f"the dump{'s' if len(unknown) > 1 else ''} of rank{'s' if len(unknown) > 1 else ''} "
-                    f"{_names(unknown)} could not be read, so whether {'they' if len(unknown) > 1 else 'it'} "
-                    f"entered it is unknown: {'they are' if len(unknown) > 1 else 'it is'} the suspect"
+                    f"{' and '.join(what)}, so whether {'they' if len(unknown) > 1 else 'it'} entered it is "
+                    f"unknown: {'they are' if len(unknown) > 1 else 'it is'} the suspect"
                     f"{'s' if len(unknown) > 1 else ''}. Check {'their' if len(unknown) > 1 else 'its'} "
                     "stacks and logs, or gather the dumps again.")
-            verdict, conf = "incomplete", 0.5
+            # unreadable files: incomplete (as for the whole report); readable but empty: the records lack it
+            verdict, conf = ("incomplete" if unreadable else "insufficient-evidence"), 0.5
+            if empty:
+                records = (*records, f"entries of rank{'s' if len(empty) > 1 else ''} {_names(empty)}")
         else:
             started = [v.rank for v in waiting_views if v.state == "started"]
             sched = tuple(v.rank for v in waiting_views if v.state == "scheduled")
@@ -199,7 +359,7 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
         return _problem(
             g, members, ctx, verdict=verdict, collective_seq=top, op=op, culprit_ranks=culprits,
             waiting_ranks=waiting, consequence_ranks=(), explanation=text, evidence=tuple(evidence),
-            confidence=conf,
+            confidence=conf, missing_records=records,
         )
     if missing and gloo:
         text = (f"Rank{'s' if len(missing) > 1 else ''} {_names(missing)} of {label} left no dump; "
@@ -209,34 +369,55 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
         return _problem(
             g, members, ctx, verdict="crash", collective_seq=top, op=op, culprit_ranks=tuple(missing),
             waiting_ranks=(), consequence_ranks=(), explanation=text, evidence=(), confidence=0.6,
+            missing_records=records,
         )
     return None
 
 
-def _p2p(g: GroupAcc, members: list[int], ctx: Context) -> Problem | None:
+def _p2p(g: GroupAcc, members: list[int], ctx: Context, busy: set[int]) -> Problem | None:
     posted: dict[tuple[int, int, str], EntryView] = {}
     for st in g.ranks.values():
         for a in st.active:
             if a.is_p2p and a.peer is not None:
                 posted.setdefault((a.rank, a.peer, a.op), a)
-    culprits: set[int] = set()
+    unmatched: set[int] = set()
     waiting: list[EntryView] = []
     for (rank, peer, op), view in posted.items():
         other = "recv" if op == "send" else "send"
         if (peer, rank, other) not in posted:
-            culprits.add(peer)
+            unmatched.add(peer)
             waiting.append(view)
     if not waiting:
         return None
+    # In a pipeline the peer that never sent may itself wait, earlier in its program, for the stage
+    # before it: a link of the chain, not its cause. A cause is a peer that waits for nothing, or one
+    # that went past the point: it entered a later collective of this group than the one the waiting
+    # op follows, so it skipped the matching op. When no peer qualifies, every one is named.
+    expected: dict[int, int] = {}
+    for v in waiting:
+        if v.peer is not None and v.after_seq is not None:
+            expected[v.peer] = min(expected.get(v.peer, v.after_seq), v.after_seq)
+    culprits: set[int] = set()
+    for r in unmatched:
+        state = g.ranks.get(r)
+        past = state is not None and state.last_seq > expected.get(r, state.last_seq)
+        if r in ctx.dumped and (r not in busy or past):
+            culprits.add(r)
+    culprits = culprits or unmatched
     waiting.sort(key=lambda v: (v.rank, v.seq))
-    first = waiting[0]
+    first = next((v for v in waiting if v.peer in culprits), waiting[0])
     lines = "; ".join(
         f"rank {v.rank} posted {v.op} {'to' if v.op == 'send' else 'from'} rank {v.peer}{_where(v)}"
         for v in waiting[:_SHOW]
     )
+    chain = sorted(unmatched - culprits)
     text = (f"In {_label(g)} a point-to-point operation waits for a peer that never posted the matching "
             f"one: {lines}. The peer{'s' if len(culprits) > 1 else ''} {_names(sorted(culprits))} "
             "did not post the matching send/recv.")
+    if chain:
+        many = len(chain) > 1
+        text += (f" Rank{'s' if many else ''} {_names(chain)} did not either, but {'they wait' if many else 'it waits'}"
+                 f" in an op of {'their' if many else 'its'} own that comes first: a consequence.")
     return _problem(
         g, members, ctx, verdict="p2p-hang", collective_seq=first.seq, op=first.op,
         culprit_ranks=tuple(sorted(culprits)), waiting_ranks=tuple(sorted({v.rank for v in waiting})),
@@ -244,9 +425,20 @@ def _p2p(g: GroupAcc, members: list[int], ctx: Context) -> Problem | None:
     )
 
 
-def group_problems(m: Matcher, ctx: Context) -> list[Problem]:
-    """Every problem of every group, before cross-group reasoning."""
+def group_problems(m: Matcher, ctx: Context, notes: list[Gap] | None = None) -> list[Problem]:
+    """Every problem of every group, before cross-group reasoning. ``notes`` receives one line per kind of
+    record the dumps lack (see `missing_records`)."""
     gloo = "gloo" in m.backends
+    notes = [] if notes is None else notes
+    # ranks with an unfinished op in some group, and (gloo) ranks that do send/recv gloo never recorded
+    busy: set[int] = set()
+    p2p_ranks: set[int] = set()
+    for g in m.groups.values():
+        for r, st in g.ranks.items():
+            if st.active:
+                busy.add(r)
+            if st.unrecorded > 0:
+                p2p_ranks.add(r)
     out: list[Problem] = []
     for g in m.groups.values():
         members = g.members(ctx.world)
@@ -254,14 +446,32 @@ def group_problems(m: Matcher, ctx: Context) -> list[Problem]:
         div = _divergence(g, members, missing, ctx, gloo)
         if div is not None:
             out.append(div)
+            if gloo:  # the divergence decides; the missing send/recv are still worth knowing
+                line = _p2p_line(g, [r for r in members if r in ctx.dumped])
+                if line:
+                    notes.append(Gap(line, True))
         else:
-            stuck = _stuck(g, members, missing, ctx, gloo)
+            stuck = _stuck(g, members, missing, ctx, gloo, notes, p2p_ranks, out)
             if stuck is not None:
                 out.append(stuck)
-        p2p = _p2p(g, members, ctx)
+        p2p = _p2p(g, members, ctx, busy)
         if p2p is not None:
             out.append(p2p)
     return out
+
+
+def missing_records(ctx: Context, notes: list[Gap]) -> tuple[list[str], bool]:
+    """What the dumps lack, one line each, and whether it could hide a problem (then "healthy" would be a
+    guess: the verdict is ``insufficient-evidence``). ``notes``: what `group_problems` found."""
+    lines = list(dict.fromkeys(n.line for n in notes))  # one line per distinct note, in order
+    decisive = any(n.hides for n in notes)
+    empty = sorted(ctx.empty)
+    if empty:
+        lines.insert(0, f"entries of rank{'s' if len(empty) > 1 else ''} {_names(empty)}: the dump"
+                        f"{'s hold' if len(empty) > 1 else ' holds'} none (flight recorder off, e.g. "
+                        "TORCH_FR_BUFFER_SIZE=0, or a counters-only dump)")
+        decisive = True
+    return lines[:16], decisive
 
 
 def order_problems(problems: list[Problem]) -> list[Problem]:
@@ -286,9 +496,12 @@ def order_problems(problems: list[Problem]) -> list[Problem]:
             set(a.culprit_ranks) if a.verdict == "crash" else set())
         return a is not b and bool(set(b.culprit_ranks) & stuck)
 
+    # list.sort empties the list while it runs: the key must read a copy, or nothing looks blocked
+    snapshot = list(kept)
+
     def key(p: Problem) -> tuple[int, int, int, int, str]:
         # blocked problems last; in a cycle (a cross-group deadlock) the fewest culprits first
-        blocked = any(blocks(q, p) and not blocks(p, q) for q in kept)
+        blocked = any(blocks(q, p) and not blocks(p, q) for q in snapshot)
         return (int(blocked), _PRIORITY.get(p.verdict, 9), len(p.culprit_ranks), -len(p.waiting_ranks),
                 p.process_group)
 

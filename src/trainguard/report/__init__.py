@@ -1,1 +1,2 @@
-"""Faces that present analysis results: the terminal report (HTML and dashboard come later)."""
+"""Faces that present analysis results: the terminal report, the data of a run's charts (`view`), used by the
+dashboard (`trainguard.web`), and the self-contained HTML report (`html`)."""

@@ -11,6 +11,7 @@ _BUCKET_TITLES = {
     "lost_progress": "progress lost (recomputed steps)",
     "detection": "failure detection delay",
     "restart": "restart / re-queue gap",
+    "straggler": "straggler slowdown",
     "other": "other",
 }
 

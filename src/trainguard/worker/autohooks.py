@@ -18,6 +18,8 @@ has been imported by the script. From then on:
 * faults scheduled for step S fire at the start of step S: right after step S-1's update (post hook),
   i.e. before step S's forward pass and collectives; a fault due at the first step of an attempt fires in
   the pre hook of that attempt's first update.
+* every K steps (``TRAINGUARD_SDC_EVERY``) the replicas compare parameter fingerprints right after the
+  update (`trainguard.worker.sdc`), before the next step's faults fire.
 * the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).
@@ -62,6 +64,8 @@ class OptimizerSteps:
                 return None
             # The first update of this attempt: faults due at its step fire now.
             self._first_pre_mono = time.monotonic()
+            if rt.sdc is not None:
+                rt.sdc.track(optimizer)  # so an sdc fault due now has parameters to corrupt
             if rt.injector is not None:
                 rt.injector.on_step_start(optimizer_step(optimizer) + 1)
         except Exception as exc:
@@ -84,6 +88,8 @@ class OptimizerSteps:
             self._counted += 1
             step = optimizer_step(optimizer) or self._counted
             rt.complete_step(step, end - start, source="optimizer", end_mono=end, phase="step")
+            if rt.sdc is not None:  # the replicas are compared after the update, before the next step's faults
+                rt.sdc.on_step(step, optimizer)
             if rt.injector is not None:
                 rt.injector.on_step_start(step + 1)
         except Exception as exc:
@@ -147,6 +153,12 @@ def on_import(name: str, module: ModuleType) -> None:
         rt = runtime.acquire()
         if name == "torch.optim":
             install_optimizer_hooks(module)
+            try:
+                from trainguard.worker import sdc
+
+                sdc.install(rt)
+            except Exception as exc:  # the check is optional; progress and evidence are not
+                log.warning("trainguard: no SDC check (%s)", exc)
         # The control thread starts now rather than once a process group exists: a rank stuck in
         # rendezvous or init_process_group can then still answer with its stacks.
         rt.start_control()

@@ -87,6 +87,8 @@ class Worker:
         end = time.monotonic()
         rt.complete_step(step, end - ctx.start, source="script", end_mono=end, phases=dict(ctx.phases),
                          loss=ctx.loss)
+        if rt.sdc is not None:  # every K steps the replicas compare parameters (after the update)
+            rt.sdc.on_step(step)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -128,4 +130,10 @@ def attach(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None = 
             rt.injector.faults):
         # Every rank calls attach(), so every rank creates this group, in the same order.
         rt.injector.chaos_group = _new_group()
+    try:
+        from trainguard.worker import sdc
+
+        sdc.install(rt)
+    except Exception as exc:  # the check is optional; training is not
+        log.warning("trainguard: no SDC check (%s)", exc)
     return Worker(rt)

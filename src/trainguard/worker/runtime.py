@@ -96,6 +96,8 @@ class Runtime:
         if faults:
             self.injector = chaos.Injector(faults, rank=rank, attempt=self.attempt,
                                            marker_dir=RunLayout(run_dir).chaos_dir, record=self._record_fault)
+        self.sdc: Any = None
+        """The silent-data-corruption check (`trainguard.worker.sdc.SdcChecker`) once installed."""
         self._control: ControlThread | None = None
         self._control_tried = False
         self._thread: threading.Thread | None = None

@@ -1,0 +1,334 @@
+"""Prometheus metrics of a supervised run (``trainguard run --metrics-port``), read from the run's own events.
+
+A collector follows ``events/*.jsonl`` as they grow, so the supervisor needs no calls of its own: the
+numbers are the ones ``trainguard report`` would give at that moment. Names and meanings: docs/dashboard.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import math
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import InputError, UsageError
+from trainguard.eventlog import EventFollower
+from trainguard.events import (
+    AttemptEnded,
+    AttemptStarted,
+    CheckpointSaveFinished,
+    CheckpointSaveStarted,
+    Diagnosis,
+    Event,
+    FailureDetected,
+    NodeExcluded,
+    PlannedInterruption,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+    StepSpan,
+)
+from trainguard.goodput import BUCKETS, compute_goodput
+from trainguard.rundir import LoadedEvent
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_SECONDS = 60.0
+"""Steps per second are counted over this much of the latest wall time."""
+ETTR_EVERY_SECONDS = 5.0
+"""The goodput accounting behind ETTR and badput is redone at most this often (it reads every record)."""
+MAX_SUSPECT_HOSTS = 1000
+"""Distinct hosts given their own label in ``trainguard_suspected_total``; later ones are counted as ``other``."""
+_CATCH_UP_READS = 64
+"""Chunks (4 MiB each) read per event file per scrape when catching up with a long run."""
+
+
+class RunMetrics:
+    """The state behind the metrics, updated from the records appended to a run's event files since last time."""
+
+    def __init__(self, run_dir: str | Path, *, node: str = "", clock: Callable[[], float] = time.time,
+                 ettr_every: float = ETTR_EVERY_SECONDS) -> None:
+        self.run_dir = Path(run_dir)
+        self.node = node
+        self.clock = clock
+        self.ettr_every = ettr_every
+        self._followers: dict[str, EventFollower] = {}
+        self._records: list[LoadedEvent] = []
+        self._lines: dict[str, int] = defaultdict(int)
+        self.run_id = ""
+        self.attempt = 0
+        self.attempt_start: dict[int, float] = {}
+        self.step = 0
+        self._done: deque[tuple[float, int, int]] = deque()  # (time, steps, attempt) of first completions
+        self._seen_steps: set[tuple[int, int]] = set()
+        self.failures: dict[int, FailureDetected] = {}
+        self.planned: set[int] = set()
+        self.diagnoses: dict[int, Diagnosis] = {}
+        self.settled: set[int] = set()
+        self.interruptions: dict[tuple[str, str], int] = defaultdict(int)
+        self.failures_by_kind: dict[str, int] = defaultdict(int)
+        self.save_started: dict[tuple[int, int], float] = {}
+        self.saves: dict[tuple[int, int], dict[str, Any]] = {}
+        self.suspects: dict[tuple[str, str], int] = defaultdict(int)
+        self._suspect_keys: set[tuple[str, int | None, str]] = set()
+        self._goodput: dict[str, Any] | None = None
+        self._goodput_at = -math.inf
+        self._goodput_count = -1
+        self._goodput_cost = 0.0
+
+    # --- reading ------------------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Read what was appended since the last call; returns how many records were new."""
+        events = self.run_dir / "events"
+        try:
+            names = sorted(p.name for p in events.iterdir() if p.suffix == ".jsonl")
+        except OSError:
+            return 0
+        new = 0
+        for name in names:
+            follower = self._followers.setdefault(name, EventFollower(events / name))
+            writer = name[: -len(".jsonl")]
+            for _ in range(_CATCH_UP_READS):
+                batch = follower.new_records()
+                if not batch:
+                    break
+                for record in batch:
+                    self._lines[writer] += 1
+                    self._records.append(LoadedEvent(writer, self._lines[writer], record))
+                    self._apply(record)
+                new += len(batch)
+        return new
+
+    def _apply(self, e: Event) -> None:
+        if isinstance(e, RunStarted):
+            self.run_id = e.run_id
+            self.attempt_start.setdefault(0, e.time)
+        elif isinstance(e, AttemptStarted):
+            self.attempt_start[e.attempt] = e.time
+            if e.attempt >= self.attempt:
+                self.attempt, self.step = e.attempt, e.resume_step or 0
+            for a in list(self.failures) + list(self.planned):
+                if a < e.attempt:
+                    self._settle(a)
+        elif isinstance(e, (StepCompleted, StepSpan)):
+            first, last = (e.step, e.step) if isinstance(e, StepCompleted) else (e.first_step, e.last_step)
+            if (e.attempt, last) not in self._seen_steps:
+                self._seen_steps.add((e.attempt, last))
+                self._done.append((e.time, last - first + 1, e.attempt))
+            if e.attempt == self.attempt:
+                self.step = max(self.step, last)
+            elif e.attempt > self.attempt:
+                self.attempt, self.step = e.attempt, last
+        elif isinstance(e, FailureDetected):
+            if e.attempt not in self.failures:
+                self.failures[e.attempt] = e
+                self.failures_by_kind[e.kind] += 1
+        elif isinstance(e, PlannedInterruption):
+            self.planned.add(e.attempt)
+        elif isinstance(e, Diagnosis):
+            best = self.diagnoses.get(e.attempt)
+            if best is None or e.confidence > best.confidence:
+                self.diagnoses[e.attempt] = e
+            for host in e.culprit_hosts:
+                self._suspect(host, e.attempt, "culprit")
+        elif isinstance(e, AttemptEnded):
+            if e.reason in ("failure", "planned"):
+                self._settle(e.attempt)
+        elif isinstance(e, RunEnded):
+            for a in list(self.failures) + list(self.planned):
+                self._settle(a)
+        elif isinstance(e, CheckpointSaveStarted):
+            self.save_started.setdefault((e.attempt, e.step), e.time)
+        elif isinstance(e, CheckpointSaveFinished):
+            s = self.saves.setdefault((e.attempt, e.step), {"time": e.time, "ok": True, "blocking": 0.0,
+                                                            "total": 0.0, "step": e.step})
+            s["time"] = max(s["time"], e.time)
+            s["ok"] = s["ok"] and e.ok
+            s["blocking"] = max(s["blocking"], e.blocking_seconds)
+            s["total"] = max(s["total"], e.total_seconds)
+        elif isinstance(e, NodeExcluded):
+            self._suspect(e.node, e.attempt, "excluded")
+        elif e.TYPE == "straggler_detected":
+            node = getattr(e, "node", "")
+            if isinstance(node, str) and node:
+                self._suspect(node, getattr(e, "attempt", None), "straggler")
+
+    def _settle(self, attempt: int) -> None:
+        """Count an interruption once its attempt is over, with the diagnosis it ended with."""
+        if attempt in self.settled or (attempt not in self.failures and attempt not in self.planned):
+            return
+        self.settled.add(attempt)
+        if attempt in self.failures:
+            d = self.diagnoses.get(attempt)
+            key = (d.category, d.group) if d else ("Unknown", "Unknown")
+        else:
+            key = ("Planned", "Planned")
+        self.interruptions[key] += 1
+
+    def _suspect(self, host: str, attempt: int | None, reason: str) -> None:
+        if (host, attempt, reason) in self._suspect_keys:
+            return
+        self._suspect_keys.add((host, attempt, reason))
+        known = {h for h, _ in self.suspects}
+        label = host if host in known or len(known) < MAX_SUSPECT_HOSTS else "other"
+        self.suspects[(label, reason)] += 1
+
+    # --- derived figures ----------------------------------------------------------------------------
+
+    def steps_per_second(self, now: float) -> float:
+        while self._done and self._done[0][0] <= now - RATE_WINDOW_SECONDS:
+            self._done.popleft()
+        started = self.attempt_start.get(self.attempt)
+        window = RATE_WINDOW_SECONDS if started is None else min(RATE_WINDOW_SECONDS, max(now - started, 1e-3))
+        # Only the current attempt: steps an interrupted attempt ran before the restart are not progress now.
+        return sum(n for t, n, a in self._done if t <= now and a == self.attempt) / window
+
+    def goodput(self, now: float) -> dict[str, Any] | None:
+        """ETTR so far, productive, wall and badput seconds. Redone when records came in, at most every
+        `ettr_every` seconds and never more than a tenth of the time (it reads every record of the run)."""
+        due = self._goodput is None or now - self._goodput_at >= max(self.ettr_every, 10 * self._goodput_cost)
+        if len(self._records) != self._goodput_count and due:
+            started = time.monotonic()
+            try:
+                r = compute_goodput(list(self._records))
+            except InputError:  # no usable record yet
+                return self._goodput
+            self._goodput_cost = time.monotonic() - started
+            self._goodput_at, self._goodput_count = now, len(self._records)
+            self._goodput = {"ettr": r.ettr, "productive": r.productive_seconds, "wall": r.wall_seconds,
+                             "badput": dict(r.badput_seconds)}
+        return self._goodput
+
+    def families(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        now = self.clock()
+        yield InfoMetricFamily("trainguard_run", "The supervised run.",
+                               value={"run_id": self.run_id or self.run_dir.name, "node": self.node})
+        yield GaugeMetricFamily("trainguard_step", "Highest training step completed in the current attempt "
+                                "(the restored step right after a restart).", value=self.step)
+        yield GaugeMetricFamily("trainguard_steps_per_second", "Training steps the current attempt completed per "
+                                f"second over the last {RATE_WINDOW_SECONDS:g} s (or since it started).",
+                                value=self.steps_per_second(now))
+        yield GaugeMetricFamily("trainguard_attempt", "Current attempt (0 = first launch, +1 per restart).",
+                                value=self.attempt)
+        yield CounterMetricFamily("trainguard_restarts", "Restarts of the workers (attempts after the first).",
+                                  value=len([a for a in self.attempt_start if a > 0]))
+        gp = self.goodput(now)
+        if gp is not None:
+            yield GaugeMetricFamily("trainguard_ettr_ratio", "Effective training time ratio so far: productive "
+                                    "training time / wall time (as trainguard report).", value=gp["ettr"])
+            yield GaugeMetricFamily("trainguard_productive_seconds", "Productive training time so far.",
+                                    value=gp["productive"])
+            yield GaugeMetricFamily("trainguard_wall_seconds", "Wall time of the run so far.", value=gp["wall"])
+            badput = GaugeMetricFamily("trainguard_badput_seconds", "Lost time so far by bucket (docs/goodput.md).",
+                                       labels=["bucket"])
+            for bucket in BUCKETS:
+                badput.add_metric([bucket], gp["badput"].get(bucket, 0.0))
+            yield badput
+        kinds = CounterMetricFamily("trainguard_failures_detected", "Failures detected, by kind, at detection "
+                                    "(one per attempt).", labels=["kind"])
+        for kind, n in sorted(self.failures_by_kind.items()):
+            kinds.add_metric([kind], n)
+        yield kinds
+        inter = CounterMetricFamily("trainguard_interruptions", "Interruptions by root-cause category and group "
+                                    "(Llama 3 Table 5; Planned for planned stops), counted when their attempt ends.",
+                                    labels=["category", "group"])
+        for (category, group), n in sorted(self.interruptions.items()):
+            inter.add_metric([category, group], n)
+        yield inter
+        saves = CounterMetricFamily("trainguard_checkpoint_saves", "Checkpoint saves finished, by outcome.",
+                                    labels=["outcome"])
+        done = sorted(self.saves.items(), key=lambda kv: kv[1]["time"])
+        saves.add_metric(["ok"], sum(1 for _, s in done if s["ok"]))
+        saves.add_metric(["failed"], sum(1 for _, s in done if not s["ok"]))
+        yield saves
+        ok = [(k, s) for k, s in done if s["ok"]]
+        if ok:
+            key, last = ok[-1]
+            yield GaugeMetricFamily("trainguard_last_checkpoint_step", "Step of the newest successful checkpoint.",
+                                    value=last["step"])
+            yield GaugeMetricFamily("trainguard_last_checkpoint_age_seconds", "Time since the newest successful "
+                                    "checkpoint was durable.", value=max(now - last["time"], 0.0))
+            yield GaugeMetricFamily("trainguard_last_checkpoint_save_seconds", "Time training stopped for the newest "
+                                    "successful checkpoint (blocking part of the save).", value=last["blocking"])
+            commit = last["total"] or last["time"] - self.save_started.get(key, last["time"])
+            yield GaugeMetricFamily("trainguard_last_checkpoint_commit_seconds", "From the start of the newest "
+                                    "successful save until it was durable.", value=commit)
+        suspects = CounterMetricFamily("trainguard_suspected", "Times a host was blamed: culprit of a diagnosis, "
+                                       "named straggler, or excluded (once per attempt and reason).",
+                                       labels=["host", "reason"])
+        for (host, reason), n in sorted(self.suspects.items()):
+            suspects.add_metric([host, reason], n)
+        yield suspects
+
+
+class RunCollector:
+    """A prometheus_client collector over `RunMetrics`: every scrape reads the new events first."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self.metrics = metrics
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:  # scrapes may come concurrently; the state is not thread-safe
+            try:
+                self.metrics.poll()
+            except Exception:  # a scrape must never take the supervisor down
+                log.warning("metrics: reading the run's events failed", exc_info=True)
+            yield from list(self.metrics.families())
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``PORT`` (on 127.0.0.1) or ``ADDR:PORT`` / ``[V6]:PORT``; argparse type of ``--metrics-port``."""
+    value = str(text).strip()
+    addr, sep, port = value.rpartition(":")
+    if not sep:
+        addr, port = "127.0.0.1", value
+    addr = addr.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"--metrics-port must be PORT or ADDR:PORT (port 0-65535), not {text!r}")
+    return addr, int(port)
+
+
+class MetricsServer:
+    """The ``/metrics`` endpoint (prometheus_client's server in a daemon thread) for one run directory."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        try:
+            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise UsageError(f"--metrics-port: cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
+        self.address = self._server.server_address[:2]
+        self.collector: RunCollector | None = None
+
+    def follow(self, run_dir: str | Path, node: str = "") -> RunMetrics:
+        """Start serving the metrics of ``run_dir`` (before this, ``/metrics`` is empty)."""
+        metrics = RunMetrics(run_dir, node=node)
+        self.collector = RunCollector(metrics)
+        self.registry.register(self.collector)
+        return metrics
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def start(listen: tuple[str, int] | None) -> MetricsServer | None:
+    """The server for ``--metrics-port`` (None when not asked for); binds now, so a taken port fails early."""
+    if listen is None:
+        return None
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise UsageError("--metrics-port needs the web extra (missing: prometheus_client): "
+                         "pip install 'trainguard[web]'")
+    return MetricsServer(*listen)

@@ -1,0 +1,236 @@
+"""The node agent's straggler and telemetry duties: sample telemetry, probe flight recorders, name stragglers live
+and apply the straggler policy (report, or exclude the node at the next restart).
+
+Called from `trainguard.launch.agent.GuardAgent` on its monitor thread, so a probe never races the failure path's
+own evidence gathering (both ask the ranks' control threads to dump into the same folder). No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.eventlog import EventFollower, EventWriter, iter_events
+from trainguard.events import Event, StepCompleted, StragglerDetected
+from trainguard.protocol import RunLayout
+from trainguard.stragglers.analysis import StragglerConfig, analyze
+from trainguard.stragglers.flight import read_arrivals
+from trainguard.telemetry import Sampler, Source, default_sources
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("report", "exclude-next-restart")
+"""``report``: record `StragglerDetected` only. ``exclude-next-restart``: the slow rank's node also fails its
+health gate at the job's next restart (as a failed high-severity check would), so a spare can take its place."""
+PROBE_TIMEOUT_SECONDS = 2.0
+KEEP_PROBES = 30
+"""Probe folders kept per attempt (the oldest are deleted): each holds 2,000 collectives per rank."""
+BUFFER_STEPS = 96
+"""Steps per rank kept in memory for the live decision."""
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How often the agent samples and probes, and what it does about a straggler."""
+
+    policy: str = "report"
+    """One of `POLICIES`."""
+    probe_seconds: float = 10.0
+    """Seconds between straggler checks (and flight-recorder probes for ranks without phases); 0: off."""
+    telemetry_seconds: float = 10.0
+    """Seconds between telemetry samples; 0: off."""
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> WatchSettings:
+        """``TRAINGUARD_STRAGGLER_POLICY``, ``TRAINGUARD_STRAGGLER_PROBE_SECONDS``, ``TRAINGUARD_TELEMETRY_SECONDS``;
+        a bad value is logged and the default kept (the agent must start)."""
+        env = os.environ if env is None else env
+        default = cls()
+        policy = env.get("TRAINGUARD_STRAGGLER_POLICY", default.policy).strip() or default.policy
+        if policy not in POLICIES:
+            log.warning("TRAINGUARD_STRAGGLER_POLICY=%r is not one of %s; using %r", policy, POLICIES,
+                        default.policy)
+            policy = default.policy
+
+        def seconds(name: str, fallback: float) -> float:
+            raw = env.get(name)
+            if raw is None or not raw.strip():
+                return fallback
+            try:
+                value = float(raw)
+                if value >= 0 and value == value and value != float("inf"):
+                    return value
+            except ValueError:
+                pass
+            log.warning("%s=%r is not a number of seconds >= 0; using %g", name, raw, fallback)
+            return fallback
+
+        return cls(policy, seconds("TRAINGUARD_STRAGGLER_PROBE_SECONDS", default.probe_seconds),
+                   seconds("TRAINGUARD_TELEMETRY_SECONDS", default.telemetry_seconds))
+
+
+class AgentWatch:
+    """One per node agent. `poll` is cheap when nothing is due (two clock reads)."""
+
+    def __init__(self, layout: RunLayout, node_id: str, emit: Callable[[Event], None],
+                 settings: WatchSettings | None = None, sources: list[Source] | None = None,
+                 config: StragglerConfig | None = None) -> None:
+        self.layout = layout
+        self.node_id = node_id
+        self.emit = emit
+        self.settings = settings or WatchSettings.from_environ()
+        self.config = config or StragglerConfig()
+        self.attempt = -1
+        self._telemetry_writer: EventWriter | None = None
+        srcs = sources if sources is not None else (default_sources() if self.settings.telemetry_seconds > 0 else [])
+        self.sampler = Sampler(srcs, node_id, self._write_telemetry, self.settings.telemetry_seconds)
+        self._followers: dict[Path, EventFollower] = {}
+        self._steps: dict[int, deque[StepCompleted]] = defaultdict(lambda: deque(maxlen=BUFFER_STEPS))
+        self._named: set[tuple[int, int]] = set()
+        self._next_check: float | None = None
+        self._probes = 0
+
+    def _write_telemetry(self, record: Event) -> None:
+        if self._telemetry_writer is None:
+            self._telemetry_writer = EventWriter(self.layout.event_file(f"telemetry-{self.node_id}"))
+        self._telemetry_writer.write(record)
+
+    def on_attempt(self, attempt: int) -> None:
+        """A new attempt starts: forget the last one's steps; one telemetry sample now (short jobs get one)."""
+        self.attempt = attempt
+        self._steps.clear()
+        self._next_check = time.monotonic() + self.settings.probe_seconds
+        try:
+            self.sampler.sample_now()
+        except Exception as exc:  # telemetry must never stop the agent (a full disk: StorageError)
+            log.warning("telemetry sample failed: %s", exc)
+
+    def poll(self, live_ranks: Callable[[], Mapping[int, int]], leader: bool) -> None:
+        """Called on every healthy monitor pass; ``live_ranks()`` gives rank -> pid of this node's live workers."""
+        try:
+            self.sampler.poll()
+        except Exception as exc:
+            log.warning("telemetry sample failed: %s", exc)
+        if self.settings.probe_seconds <= 0:
+            return
+        now = time.monotonic()
+        if self._next_check is None or now < self._next_check:
+            return
+        self._next_check = now + self.settings.probe_seconds
+        try:
+            self._read_steps()
+            live = live_ranks()
+            if live and not self._have_phases():
+                self.probe(live)
+            if leader:
+                self.check()
+        except Exception as exc:  # the watch must never stop the job
+            log.warning("straggler check failed: %s", exc)
+
+    # --- flight-recorder probes ---------------------------------------------------------------------
+
+    def probe_dir(self, n: int) -> Path:
+        return self.layout.root / "diagnostics" / "stragglers" / f"attempt-{self.attempt}" / f"probe-{n}"
+
+    def probe(self, live: Mapping[int, int]) -> int:
+        """Ask every live local rank for a flight-recorder dump and move it out of the evidence folder (where a
+        later failure's evidence goes) into this attempt's probe folder. Returns the dumps kept."""
+        from trainguard.worker.control import request
+
+        evidence = self.layout.diagnostics_dir(self.attempt)
+        target = self.probe_dir(self._probes)
+
+        def one(item: tuple[int, int]) -> list[str]:
+            try:
+                reply = request(item[1], {"cmd": "dump"}, PROBE_TIMEOUT_SECONDS)
+            except (OSError, ValueError) as exc:
+                log.debug("probe of rank %d: %s", item[0], exc)
+                return []
+            files = reply.get("files", []) if isinstance(reply, dict) else []
+            return [f for f in files if isinstance(f, str) and "/" not in f]
+
+        with ThreadPoolExecutor(max_workers=min(8, len(live))) as pool:
+            names = [n for files in pool.map(one, sorted(live.items())) for n in files]
+        kept = 0
+        for name in names:
+            src = evidence / name
+            if not src.is_file():
+                continue
+            if name.startswith("fr_trace_rank_"):
+                target.mkdir(parents=True, exist_ok=True, mode=0o750)
+                os.replace(src, target / name)
+                kept += 1
+            else:  # the stacks: not needed, and must not pass for a later failure's evidence
+                src.unlink(missing_ok=True)
+        if kept:
+            self._probes += 1
+            old = self.probe_dir(self._probes - 1 - KEEP_PROBES)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        return kept
+
+    # --- live decision --------------------------------------------------------------------------------
+
+    def _read_steps(self) -> None:
+        for path in self.layout.events_dir.glob("rank-*.jsonl"):
+            follower = self._followers.get(path)
+            if follower is None:
+                follower = self._followers[path] = EventFollower(path)
+            for e in follower.new_records():
+                if isinstance(e, StepCompleted) and e.attempt == self.attempt:
+                    self._steps[e.rank].append(e)
+
+    def _have_phases(self) -> bool:
+        recent = [q[-1] for q in self._steps.values() if q]
+        return bool(recent) and all("comm_wait" in e.phases for e in recent)
+
+    def check(self) -> list[StragglerDetected]:
+        """Name new stragglers of this attempt from the buffered steps (and probes); emit and return them."""
+        records: list[Event] = [e for q in self._steps.values() for e in q]
+        if len(self._steps) < 2:
+            return []
+        arrivals = None if self._have_phases() else read_arrivals(self.layout.root)
+        report = analyze(records, arrivals, self.config)
+        out = []
+        for s in report.stragglers:
+            key = (self.attempt, s.rank)
+            if key in self._named:
+                continue
+            self._named.add(key)
+            action = self.settings.policy
+            record = StragglerDetected(
+                time=time.time(), host=self.node_id, attempt=self.attempt, rank=s.rank, node=s.host,
+                step=s.detected_step, onset_step=s.onset_step, slowdown=s.slowdown, cost_seconds=s.cost_seconds,
+                signal=s.signal, action=action,
+                detail=(f"rank {s.rank} on {s.host or '?'} ready {s.lead_seconds * 1e3:.1f} ms after the others "
+                        f"per step since step {s.onset_step}: job steps {s.slowdown:.2f}x slower"))
+            log.warning("straggler: %s (policy: %s)", record.detail, action)
+            self.emit(record)
+            out.append(record)
+        return out
+
+    def exclusion_reasons(self, attempt: int) -> list[str]:
+        """Reasons for this node to leave at this (re)start: stragglers named on it under ``exclude-next-restart``."""
+        reasons = []
+        for path in sorted(self.layout.events_dir.glob("agent-*.jsonl")):
+            try:
+                for _, e in iter_events(path):
+                    if (isinstance(e, StragglerDetected) and e.action == "exclude-next-restart"
+                            and e.node == self.node_id and e.attempt < attempt):
+                        reasons.append(f"straggler: rank {e.rank} slowed the job {e.slowdown:.2f}x "
+                                       f"(attempt {e.attempt}, from step {e.onset_step})")
+            except Exception as exc:  # an unreadable file tells nothing about stragglers
+                log.debug("%s: %s", path, exc)
+        return reasons[:1]
+
+    def close(self) -> None:
+        self.sampler.close()
+        if self._telemetry_writer is not None:
+            self._telemetry_writer.close()

@@ -1,0 +1,310 @@
+"""The dashboard's ASGI application (Starlette): pages, the JSON API and evidence files, all read-only.
+
+Every route is a GET. A token, when set, is required on every request (header, cookie or ``?token=``);
+a loopback-only dashboard also refuses Host headers other than loopback names (DNS rebinding).
+Pages carry security headers that keep run data (log lines, host names) from ever running as code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import hmac
+import logging
+import mimetypes
+import threading
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trainguard.goodput import GoodputReport, compute_goodput
+from trainguard.report.view import EVIDENCE_DIRS, build_view
+from trainguard.web import render as pages
+from trainguard.web.catalog import Cache, Catalog, RunEntry, etag
+from trainguard.web.simview import simulation_view
+
+log = logging.getLogger(__name__)
+
+COOKIE = "trainguard_token"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+            "connect-src 'self'; font-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+FILE_CSP = "default-src 'none'; sandbox"
+_TEXT_SUFFIXES = {".log", ".txt", ".json", ".jsonl", ".out", ".err", ".py", ".toml", ".csv", ".md"}
+
+
+class JSON(Response):
+    """JSON with NaN written as null (a browser's JSON.parse refuses NaN)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return pages.dumps(content).encode("utf-8")
+
+
+def _cookie_value(token: str) -> str:
+    """What the cookie holds: derived from the token, so a copied cookie does not reveal it."""
+    return hmac.new(token.encode(), b"trainguard dashboard session", hashlib.sha256).hexdigest()
+
+
+class Guard:
+    """Token check (401 without it) and security headers on every response."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+        self.cookie = _cookie_value(token) if token else ""
+
+    def _authorized(self, request: Request) -> tuple[bool, bool]:
+        """(allowed, came with ?token=)."""
+        assert self.token is not None
+        given = request.headers.get("authorization", "")
+        if given.lower().startswith("bearer ") and hmac.compare_digest(given[7:].strip().encode(), self.token.encode()):
+            return True, False
+        cookie = request.cookies.get(COOKIE, "")
+        if cookie and hmac.compare_digest(cookie.encode(), self.cookie.encode()):
+            return True, False
+        query = request.query_params.get("token", "")
+        if query and hmac.compare_digest(query.encode(), self.token.encode()):
+            return True, True
+        return False, False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                extra = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
+                         (b"x-frame-options", b"DENY"), (b"content-security-policy", PAGE_CSP.encode())]
+                headers += [(k, v) for k, v in extra if k not in names]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        if self.token:
+            request = Request(scope)
+            ok, via_query = self._authorized(request)
+            if not ok:
+                response: Response = PlainTextResponse(
+                    "401 Unauthorized: this dashboard needs its token: open it with ?token=TOKEN once, "
+                    "or send 'Authorization: Bearer TOKEN'\n", status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="trainguard"'})
+                await response(scope, receive, send_with_headers)
+                return
+            if via_query and not request.url.path.startswith("/api/"):
+                # Trade the token in the address bar for a cookie, so it does not stay in history or get bookmarked.
+                rest = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "token"]
+                target = request.url.path + ("?" + urlencode(rest) if rest else "")
+                response = RedirectResponse(target, status_code=303)
+                response.set_cookie(COOKIE, self.cookie, httponly=True, samesite="strict", path="/")
+                await response(scope, receive, send_with_headers)
+                return
+        await self.app(scope, receive, send_with_headers)
+
+
+class Dashboard:
+    """The routes, over a `Catalog` of runs and a `Cache` of their reports and views."""
+
+    def __init__(self, catalog: Catalog, poll_seconds: float = 5.0) -> None:
+        self.catalog = catalog
+        self.cache = Cache()
+        self.poll_seconds = poll_seconds
+
+    # --- data ---------------------------------------------------------------------------------------
+
+    def _report(self, entry: RunEntry) -> tuple[GoodputReport | Exception, tuple[Any, ...]]:
+        return self.cache.get("report", entry.path, compute_goodput)
+
+    def _view(self, entry: RunEntry) -> tuple[dict[str, Any] | Exception, tuple[Any, ...]]:
+        def compute(path: Path) -> dict[str, Any]:
+            report, _ = self._report(entry)
+            if isinstance(report, Exception):
+                raise report
+            return build_view(path, report)
+
+        return self.cache.get("view", entry.path, compute)
+
+    def _summary(self, entry: RunEntry) -> dict[str, Any]:
+        report, _ = self._report(entry)
+        row: dict[str, Any] = {"id": entry.id, "name": entry.path.name, "path": str(entry.path),
+                               "source": entry.source}
+        if isinstance(report, Exception):
+            return row | {"run_id": None, "status": None, "synthetic": False, "ettr": None, "wall_seconds": None,
+                          "productive_seconds": None, "interruptions": None, "attempts": None,
+                          "completed_steps": None, "target_steps": None, "error": str(report)}
+        return row | {"run_id": report.run_id, "status": report.status, "synthetic": report.synthetic,
+                      "ettr": report.ettr, "wall_seconds": report.wall_seconds,
+                      "productive_seconds": report.productive_seconds, "interruptions": len(report.interruptions),
+                      "attempts": report.attempts, "completed_steps": report.completed_steps,
+                      "target_steps": report.target_steps, "error": None}
+
+    def runs_json(self) -> dict[str, Any]:
+        return {"runs": [self._summary(e) for e in self.catalog.entries()]}
+
+    def _entry(self, request: Request) -> RunEntry | None:
+        return self.catalog.get(request.path_params["run_id"])
+
+    # --- routes -------------------------------------------------------------------------------------
+
+    def home(self, request: Request) -> Response:
+        config = {"page": "runs", "api": "/api/runs", "poll_seconds": self.poll_seconds, "run_url_base": "/runs/"}
+        return HTMLResponse(pages.render("runs.html", config=config, data=self.runs_json(), plotly=False,
+                                         home_url="/"))
+
+    def api_runs(self, request: Request) -> Response:
+        return JSON(self.runs_json())
+
+    def run_page(self, request: Request) -> Response:
+        entry = self._entry(request)
+        if entry is None:
+            return _not_found("run")
+        view, sig = self._view(entry)
+        rid = quote(entry.id)
+        config = {"page": "run", "api": f"/api/runs/{rid}/view", "poll_seconds": self.poll_seconds,
+                  "files_base": f"/runs/{rid}/files/", "sim_url": f"/runs/{rid}/simulation",
+                  "etag": etag(sig, "view")}
+        data = {"error": f"{entry.path}: {view}"} if isinstance(view, Exception) else view
+        return HTMLResponse(pages.render("run.html", config=config, data=data, plotly=True, home_url="/",
+                                         title=entry.id))
+
+    def api_run(self, request: Request) -> Response:
+        """Exactly the ``trainguard report --json`` document."""
+        return self._json(request, "report", lambda r: r.to_json())
+
+    def api_view(self, request: Request) -> Response:
+        return self._json(request, "view", lambda v: v)
+
+    def _json(self, request: Request, kind: str, shape: Any) -> Response:
+        entry = self._entry(request)
+        if entry is None:
+            return JSON({"error": "no such run"}, status_code=404)
+        value, sig = self._report(entry) if kind == "report" else self._view(entry)
+        if isinstance(value, Exception):
+            return JSON({"error": f"{entry.path}: {value}"}, status_code=422)
+        tag = etag(sig, kind)
+        if request.headers.get("if-none-match") == tag:
+            return Response(status_code=304, headers={"ETag": tag})
+        return JSON(shape(value), headers={"ETag": tag, "Cache-Control": "no-cache"})
+
+    def _simulation(self, entry: RunEntry) -> dict[str, Any]:
+        report, _ = self._report(entry)
+        ettr = None if isinstance(report, Exception) else report.ettr
+        value, _ = self.cache.get("simulation", entry.path, lambda p: simulation_view(p, ettr))
+        return {"available": False, "reason": str(value)} if isinstance(value, Exception) else value
+
+    def simulation_page(self, request: Request) -> Response:
+        entry = self._entry(request)
+        if entry is None:
+            return _not_found("run")
+        rid = quote(entry.id)
+        config = {"page": "simulation", "api": None, "poll_seconds": 0}
+        return HTMLResponse(pages.render("simulation.html", config=config, data=self._simulation(entry),
+                                         plotly=True, home_url="/", run_url=f"/runs/{rid}", title=entry.id))
+
+    def api_simulation(self, request: Request) -> Response:
+        entry = self._entry(request)
+        if entry is None:
+            return JSON({"error": "no such run"}, status_code=404)
+        return JSON(self._simulation(entry))
+
+    def files(self, request: Request) -> Response:
+        """Evidence under the run's diagnostics/ and logs/, as plain text or a download; never as a page."""
+        entry = self._entry(request)
+        if entry is None:
+            return _not_found("run")
+        rel = PurePosixPath(request.path_params["path"])
+        parts = rel.parts
+        if not parts or rel.is_absolute() or parts[0] not in EVIDENCE_DIRS or ".." in parts:
+            return _not_found("file")
+        try:
+            base = (entry.path / parts[0]).resolve()
+            target = (entry.path / rel).resolve()
+        except (OSError, RuntimeError):
+            return _not_found("file")
+        if not target.is_relative_to(base):  # a link out of the run directory
+            return _not_found("file")
+        rid = quote(entry.id)
+        if target.is_dir():
+            try:
+                children = sorted(target.iterdir())
+            except OSError:
+                return _not_found("file")
+            listing = [(c.name, f"/runs/{rid}/files/{quote((rel / c.name).as_posix())}", c.is_dir()) for c in children]
+            return HTMLResponse(pages.render("files.html", config={"page": "files"}, data={}, plotly=False,
+                                             home_url="/", run_url=f"/runs/{rid}", run_title=entry.id,
+                                             title=rel.as_posix(), listing=listing))
+        if not target.is_file():
+            return _not_found("file")
+        text = _looks_like_text(target)
+        headers = {"Content-Security-Policy": FILE_CSP,
+                   "Content-Disposition": "inline" if text else f"attachment; filename=\"{quote(target.name)}\""}
+        return FileResponse(target, media_type="text/plain; charset=utf-8" if text else "application/octet-stream",
+                            headers=headers)
+
+
+def _looks_like_text(path: Path) -> bool:
+    if path.suffix in _TEXT_SUFFIXES:
+        return True
+    guess, _ = mimetypes.guess_type(path.name)
+    if guess and not guess.startswith("text/"):
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return b"\0" not in head
+
+
+def _not_found(what: str) -> Response:
+    return PlainTextResponse(f"404: no such {what}\n", status_code=404)
+
+
+def create_app(catalog: Catalog, *, token: str | None = None, loopback_only: bool = True,
+               poll_seconds: float = 5.0, extra_hosts: Sequence[str] = ()) -> Starlette:
+    """The dashboard over ``catalog``. ``loopback_only``: refuse Host headers other than loopback names."""
+    d = Dashboard(catalog, poll_seconds)
+    plotly_path = pages.plotly_js_path()
+    plotly_gz: list[bytes] = []
+    plotly_lock = threading.Lock()
+
+    def plotly_js(request: Request) -> Response:
+        """plotly.js (4-5 MB), compressed once rather than on every request; browsers keep it for a year."""
+        headers = {"Cache-Control": "public, max-age=31536000, immutable", "Vary": "Accept-Encoding"}
+        if "gzip" not in request.headers.get("accept-encoding", ""):
+            return FileResponse(plotly_path, media_type="text/javascript", headers=headers)
+        with plotly_lock:
+            if not plotly_gz:
+                plotly_gz.append(gzip.compress(plotly_path.read_bytes(), compresslevel=6))
+        return Response(plotly_gz[0], media_type="text/javascript", headers=headers | {"Content-Encoding": "gzip"})
+
+    routes = [
+        Route("/", d.home),
+        Route("/api/runs", d.api_runs),
+        Route("/api/runs/{run_id}", d.api_run),
+        Route("/api/runs/{run_id}/view", d.api_view),
+        Route("/api/runs/{run_id}/simulation", d.api_simulation),
+        Route("/runs/{run_id}", d.run_page),
+        Route("/runs/{run_id}/simulation", d.simulation_page),
+        Route("/runs/{run_id}/files/{path:path}", d.files),
+        Route(f"/static/plotly-{pages.plotly_version()}.min.js", plotly_js),
+        Mount("/static", StaticFiles(directory=pages.static_dir()), name="static"),
+    ]
+    middleware = [Middleware(Guard, token=token), Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
+    if loopback_only:
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=[*LOOPBACK_HOSTS, *extra_hosts]))
+    return Starlette(routes=routes, middleware=middleware)

@@ -1,0 +1,107 @@
+"""Templates and assets of the dashboard and the HTML report: one Jinja environment, plotly.js from its package.
+
+Pages carry their data as JSON in a ``<script type="application/json">`` block and draw it with the
+same script (static/trainguard.js), so the dashboard and ``report --html`` show the same plots. The HTML
+report inlines plotly.js, that script and the style sheet, so it opens without a network.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UsageError
+
+WEB_PACKAGES = ("starlette", "uvicorn", "jinja2", "plotly")
+"""Distributions of the ``web`` extra that the dashboard and the HTML report import."""
+
+
+def require(*modules: str, what: str) -> None:
+    """`UsageError` (exit 2) naming the missing modules of the ``web`` extra, before anything else happens."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"{what} needs the web extra (missing: {', '.join(missing)}): "
+                         "pip install 'trainguard[web]'")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """JSON that browsers parse: NaN and infinities (not JSON) become null."""
+    try:
+        return json.dumps(obj, allow_nan=False, separators=(",", ":"), **kw)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"), **kw)
+
+
+def static_dir() -> Path:
+    return Path(str(resources.files("trainguard.web") / "static"))
+
+
+def plotly_js_path() -> Path:
+    """plotly.min.js as shipped in the plotly Python package (never fetched from a CDN)."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def plotly_version() -> str:
+    import plotly
+
+    return str(plotly.__version__)
+
+
+@functools.cache
+def environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("trainguard.web", "templates"),
+        autoescape=jinja2.select_autoescape(["html"], default_for_string=True),
+        undefined=jinja2.StrictUndefined,
+    )
+    # |tojson escapes <, >, & and ' so the data cannot close its <script> block.
+    env.policies["json.dumps_function"] = dumps
+    env.globals["inline_script"] = inline_script
+    return env
+
+
+def inline_script(text: str) -> Any:
+    """Script source safe to place inside ``<script>...</script>`` (a ``</script`` in it would end the block)."""
+    from markupsafe import Markup
+
+    return Markup(text.replace("</script", "<\\/script").replace("<!--", "<\\!--"))
+
+
+@functools.cache
+def _asset(name: str) -> str:
+    return (static_dir() / name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _plotly_js() -> str:
+    return plotly_js_path().read_text(encoding="utf-8")
+
+
+def render(template: str, **context: Any) -> str:
+    """A page. With ``inline=True`` the scripts and styles are inside it (the HTML report)."""
+    inline = bool(context.pop("inline", False))
+    assets: dict[str, Any] = {"inline": inline}
+    if inline:
+        assets |= {"css_text": _asset("trainguard.css"), "app_js": _asset("trainguard.js"), "plotly_js": _plotly_js()}
+    else:
+        assets |= {"plotly_url": f"/static/plotly-{plotly_version()}.min.js"}
+    return str(environment().get_template(template).render(**assets, **context))

@@ -1,0 +1,82 @@
+"""A rank slowed by chaos ``slow`` is named by `trainguard stragglers` with a cost close to the measured loss; clean
+runs flag nobody. Real multi-process gloo runs: an unmodified DDP script (flight-recorder probes) and the demo
+(phases of trainguard.attach())."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e._run_helpers import ROOT, TINY_DEMO, events, of_type, trainguard
+
+PLAIN_DDP = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
+STEPS = 50
+
+
+def _plain(run_dir: Path, inject: str) -> None:
+    res = trainguard("run", "--standalone", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--quiet",
+                     "--no-health-checks", "--inject", inject, str(PLAIN_DDP), "--steps", str(STEPS),
+                     "--ckpt-dir", str(run_dir / "ck"), "--ckpt-every", "1000", "--step-seconds", "0.05",
+                     timeout=240, env={"TRAINGUARD_STRAGGLER_PROBE_SECONDS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _stragglers(run_dir: Path) -> dict[str, Any]:
+    res = trainguard("stragglers", str(run_dir), "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _job_seconds(run_dir: Path) -> float:
+    """Sum of rank 0's step durations after the first (start-up) step: the job's measured training time."""
+    return sum(s["duration_seconds"] for s in of_type(events(run_dir, "rank-0"), "step_completed") if s["step"] > 1)
+
+
+@pytest.mark.slow
+def test_unmodified_script_slow_rank_is_named_with_a_cost_close_to_the_measured_loss(tmp_path: Path) -> None:
+    _plain(tmp_path / "slow", "slow@step=5,rank=1,factor=1.3")
+    _plain(tmp_path / "clean", "none")
+    slow, clean = _stragglers(tmp_path / "slow"), _stragglers(tmp_path / "clean")
+    assert clean["stragglers"] == [], clean
+    assert [s["rank"] for s in slow["stragglers"]] == [1], slow
+    first = slow["stragglers"][0]
+    assert first["signal"] == "flight-recorder"  # the script has no phases: the probes' dumps told
+    # The pause starts at step 6 (slow's first step measures the pace); named within 20 steps of it.
+    assert first["detected_step"] <= 6 + 20
+    assert first["slowdown"] == pytest.approx(1.3, abs=0.1)
+    measured = _job_seconds(tmp_path / "slow") - _job_seconds(tmp_path / "clean")
+    assert measured > 0.3
+    assert first["cost_seconds"] == pytest.approx(measured, rel=0.25), (first, measured)
+    assert slow["step_time_without"]["1"] < slow["step_time_seconds"]
+    # The supervisor named it live and recorded the policy it applied.
+    live = of_type(events(tmp_path / "slow", "agent-"), "straggler_detected")
+    assert [(r["rank"], r["action"]) for r in live] == [(1, "report")]
+    assert not of_type(events(tmp_path / "clean", "agent-"), "straggler_detected")
+    # The goodput report carves the straggler's cost out of productive time.
+    report = json.loads(trainguard("report", str(tmp_path / "slow"), "--json").stdout)
+    assert report["badput_seconds"]["straggler"] == pytest.approx(first["cost_seconds"], rel=0.05)
+    clean_report = json.loads(trainguard("report", str(tmp_path / "clean"), "--json").stdout)
+    assert clean_report["badput_seconds"]["straggler"] == 0
+
+
+def _demo(run_dir: Path, inject: str) -> dict[str, Any]:
+    res = trainguard("demo", "--ranks", "3", "--steps", "40", "--ckpt-every", "20", "--model", TINY_DEMO,
+                     "--run-dir", str(run_dir), "--inject", inject, "--json", timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+@pytest.mark.slow
+def test_demo_slow_rank_2_is_named_first_and_a_clean_demo_flags_nobody(tmp_path: Path) -> None:
+    assert _demo(tmp_path / "slow", "slow@step=1,rank=2,factor=1.3")["completed_steps"] == 40
+    slow = _stragglers(tmp_path / "slow")
+    assert slow["stragglers"] and slow["stragglers"][0]["rank"] == 2, slow
+    assert slow["stragglers"][0]["signal"] == "phases"
+    assert slow["stragglers"][0]["host"]
+    _demo(tmp_path / "clean", "none")
+    assert _stragglers(tmp_path / "clean")["stragglers"] == []

@@ -1,0 +1,152 @@
+"""Straggler analysis on synthetic synchronous jobs: who is slow, from when, what it costs; clean runs flag nobody."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.events import Event, StepCompleted
+from trainguard.stragglers import FLIGHT_RECORDER, PHASES, StragglerConfig, analyze
+from trainguard.stragglers.analysis import DURATIONS, _lead, _leads
+
+
+def synth(ranks: int = 4, steps: int = 60, slow: dict[int, float] | None = None, onset: int = 10,
+          own: float = 0.1, comm: float = 0.01, noise: float = 0.02, seed: int = 0, hosts: int = 1,
+          phases: bool = True, spikes: float = 0.0) -> tuple[list[Event], dict[int, dict[int, list[float]]], float]:
+    """A synchronous job: each rank works ``own`` (x noise) then all-reduces; a slow rank works ``factor`` x the
+    clean step time longer (as chaos ``slow`` does). Returns (records, arrivals, seconds the slowness added)."""
+    rng = random.Random(seed)
+    slow = slow or {}
+    t = 1000.0
+    recs: list[Event] = []
+    arrivals: dict[int, list[float]] = {r: [] for r in range(ranks)}
+    added = 0.0
+    per_host = max(1, ranks // hosts)
+    for s in range(1, steps + 1):
+        works = {}
+        for r in range(ranks):
+            w = own * (1 + rng.gauss(0, noise))
+            if spikes and rng.random() < spikes:
+                w *= 1.5  # a one-off hiccup (GC pause, page fault storm)
+            works[r] = w
+        clean = max(works.values()) + comm
+        for r, f in slow.items():
+            if s >= onset:
+                works[r] += (f - 1) * (own + comm)
+        step = max(works.values()) + comm
+        added += step - clean
+        for r in range(ranks):
+            arrivals[r].append(t + works[r])
+            ph = {"forward_backward": works[r], "comm_wait": step - works[r]} if phases else {}
+            recs.append(StepCompleted(time=t + step, host=f"h{r // per_host}", attempt=0, rank=r, step=s,
+                                      duration_seconds=step, phases=ph))
+        t += step
+    return recs, {0: arrivals}, added
+
+
+def test_slow_rank_named_within_20_steps_with_cost_within_25_percent() -> None:
+    recs, _, added = synth(slow={2: 1.3}, onset=10)
+    rep = analyze(recs)
+    assert [s.rank for s in rep.stragglers] == [2]
+    s = rep.stragglers[0]
+    assert s.signal == PHASES and s.host == "h0"
+    assert s.detected_step - 10 <= 20
+    assert abs(s.onset_step - 10) <= 2
+    assert s.cost_seconds == pytest.approx(added, rel=0.25)
+    assert s.slowdown == pytest.approx(1.3, abs=0.06)
+    doc = rep.to_json()
+    assert doc["stragglers"][0]["rank"] == 2 and set(doc["stragglers"][0]) >= {"rank", "host", "slowdown",
+                                                                               "cost_seconds"}
+    assert doc["step_time_without"]["2"] == pytest.approx(0.11, rel=0.05)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_clean_runs_with_ordinary_noise_flag_nothing(seed: int) -> None:
+    recs, arrivals, _ = synth(ranks=2 + seed % 7, steps=120, noise=0.03 + 0.01 * (seed % 3), seed=seed, spikes=0.05)
+    assert analyze(recs).stragglers == []
+    no_phases = [replace(e, phases={}) for e in recs if isinstance(e, StepCompleted)]
+    assert analyze(no_phases, arrivals).stragglers == []
+
+
+def test_one_noisy_step_never_flags() -> None:
+    recs, _, _ = synth(noise=0.0)
+    bumped = [replace(e, phases={"forward_backward": 1.0, "comm_wait": 0.0}, duration_seconds=1.0)
+              if isinstance(e, StepCompleted) and e.rank == 1 and e.step in (30, 31) else e for e in recs]
+    assert analyze(bumped).stragglers == []
+
+
+def test_two_ranks_flight_recorder_names_the_late_arriver() -> None:
+    recs, arrivals, added = synth(ranks=2, slow={1: 1.3}, onset=5, phases=False)
+    rep = analyze(recs, arrivals)
+    assert rep.signals == {0: FLIGHT_RECORDER}
+    assert [s.rank for s in rep.stragglers] == [1]
+    assert rep.stragglers[0].cost_seconds == pytest.approx(added, rel=0.25)
+    assert rep.stragglers[0].detected_step <= 5 + 20
+
+
+def test_durations_only_cannot_name_anyone_and_says_so() -> None:
+    recs, _, _ = synth(slow={2: 1.5}, phases=False)
+    rep = analyze(recs)
+    assert rep.stragglers == [] and rep.signals == {0: DURATIONS}
+    assert "cannot be named" in rep.notes[0]
+
+
+def test_whole_host_slow_is_a_host_problem() -> None:
+    recs, _, _ = synth(ranks=8, hosts=4, slow={2: 1.3, 3: 1.3})
+    rep = analyze(recs)
+    assert sorted(s.rank for s in rep.stragglers) == [2, 3]
+    assert rep.hosts[0].host == "h1" and rep.hosts[0].whole_host
+    assert not any(h.whole_host for h in rep.hosts[1:])
+
+
+def test_two_stragglers_ranked_by_cost() -> None:
+    recs, _, _ = synth(ranks=6, slow={1: 1.2, 4: 1.5})
+    rep = analyze(recs)
+    # Only the slowest rank gates a step; the milder one costs nothing while the worse one is there.
+    assert rep.stragglers[0].rank == 4
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError):
+        StragglerConfig(window_steps=1)
+    with pytest.raises(ValueError):
+        StragglerConfig(min_slowdown=0.5)
+
+
+def test_delay_before_the_step_clock_is_seen_through_comm_wait() -> None:
+    # With attach(), a pause before ``tg.step`` is outside the rank's own step time: only the others' longer
+    # wait (and its shorter one) shows it.
+    recs, _, added = synth(slow={1: 1.3}, onset=10)
+    moved = []
+    for e in recs:
+        if isinstance(e, StepCompleted) and e.rank == 1 and e.step >= 10:
+            pause = e.phases["forward_backward"] - next(x for x in recs if isinstance(x, StepCompleted)
+                                                    and x.step == e.step and x.rank == 0).phases["forward_backward"]
+            work = e.phases["forward_backward"] - max(pause, 0.0)
+            e = replace(e, duration_seconds=e.duration_seconds - max(pause, 0.0),
+                        phases={"forward_backward": work, "comm_wait": e.phases["comm_wait"]})
+        moved.append(e)
+    rep = analyze(moved)
+    assert [s.rank for s in rep.stragglers] == [1]
+    assert rep.stragglers[0].cost_seconds == pytest.approx(added, rel=0.25)
+
+
+def test_steps_after_the_last_probe_are_costed_at_the_measured_pace() -> None:
+    recs, arrivals, added = synth(ranks=2, slow={0: 1.3}, onset=5, phases=False, steps=60)
+    cut = {0: {r: ts[:40] for r, ts in arrivals[0].items()}}  # the last probe saw 40 steps
+    rep = analyze(recs, cut)
+    (s,) = rep.stragglers
+    assert s.last_step == 60
+    assert s.cost_seconds == pytest.approx(added, rel=0.25)
+
+
+@given(st.dictionaries(st.integers(0, 50), st.sampled_from([0.0, 0.5, 1.0]) | st.floats(-1e3, 1e3), min_size=2,
+                       max_size=12))
+def test_fast_leads_equal_the_definition(own: dict[int, float]) -> None:
+    fast = _leads(own)
+    for r in own:
+        assert fast[r] == pytest.approx(_lead(own, r), abs=1e-9)
