@@ -105,3 +105,18 @@ def test_proc_state_sees_a_stopped_process() -> None:
         proc.kill()
         proc.wait()
     assert proc_state(proc.pid) is None
+
+
+def test_pipeline_ranks_in_step_are_not_behind_though_gloo_op_ids_differ() -> None:
+    from trainguard.launch.blame import default_group_collectives
+
+    # Stage 1 also sent and received: its gloo op id counter is ahead, its collectives are not.
+    def allreduce(seq: int) -> dict[str, object]:
+        return {"pg_id": 0, "is_p2p": False, "collective_seq_id": seq, "profiling_name": "gloo:all_reduce"}
+
+    stage0 = default_group_collectives([allreduce(1), allreduce(2)], {"0": {"last_enqueued_collective": 6}})
+    stage1 = default_group_collectives([allreduce(1), allreduce(2)], {"0": {"last_enqueued_collective": 9}})
+    assert stage0 == stage1 == 2
+    lagging = default_group_collectives([allreduce(1)], {"0": {"last_enqueued_collective": 9}})
+    assert lagging == 1
+    assert default_group_collectives([], {"0": {"last_enqueued_collective": 4}}) == 4  # no entries: counters

@@ -146,6 +146,22 @@ def default_group_enqueued(pg_status: Mapping[str, Mapping[str, int]]) -> int:
     return max(seqs) if seqs else -1
 
 
+def default_group_collectives(entries: Iterable[Any], pg_status: Mapping[str, Mapping[str, int]]) -> int:
+    """Sequence number of the last collective a rank enqueued on the default group.
+
+    Read from the flight recorder's entries (``collective_seq_id`` of non-p2p entries of group 0): on gloo
+    the ``pg_status`` counters are op ids that also count sends and receives, so in a pipeline they differ
+    between ranks that are all in step. Falls back to `default_group_enqueued` when no entry says.
+    """
+    top = -1
+    for entry in entries:
+        if isinstance(entry, dict) and not entry.get("is_p2p") and str(entry.get("pg_id")) == "0":
+            seq = entry.get("collective_seq_id")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                top = max(top, seq)
+    return top if top >= 0 else default_group_enqueued(pg_status)
+
+
 def backend_of(entries: Iterable[Any]) -> str | None:
     """The communication backend named by a dump's entries (``gloo:all_reduce`` -> ``gloo``), if any."""
     for entry in entries:

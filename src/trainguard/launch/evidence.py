@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.launch.blame import backend_of, default_group_enqueued, is_stopped
+from trainguard.launch.blame import backend_of, default_group_collectives, is_stopped
 from trainguard.protocol import rank_of
 from trainguard.safefs import make_dirs, write_private
 
@@ -142,7 +142,7 @@ def read_dumps(directory: Path) -> DumpSummary:
         except DumpError as exc:
             unreadable[rank] = str(exc)
             continue
-        enqueued[rank] = default_group_enqueued(dump.pg_status)
+        enqueued[rank] = default_group_collectives(dump.entries, dump.pg_status)
         backend = backend or backend_of(dump.entries)
     return DumpSummary(enqueued, unreadable, backend)
 
