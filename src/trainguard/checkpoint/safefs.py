@@ -13,13 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainguard import safefs as _core
 from trainguard.checkpoint.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-DIR_MODE = 0o750
+DIR_MODE = _core.DIR_MODE
 """Mode of every directory the checkpointer creates (training state is not for every local user)."""
-FILE_MODE = 0o640
+FILE_MODE = _core.FILE_MODE
 """Mode of every file the checkpointer creates (shards, ``.metadata``, manifest, lock file)."""
 MAX_NAME_BYTES = 255
 """Longest file name a checkpoint may list (the usual NAME_MAX)."""
@@ -122,16 +123,4 @@ def read_capped(fd: int, limit: int, label: str) -> bytes:
 
 def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
     """``mkdir -p`` giving every directory it creates exactly ``mode`` (the umask is not consulted)."""
-    missing = []
-    cur = path
-    while not cur.exists():
-        missing.append(cur)
-        if cur.parent == cur:
-            break
-        cur = cur.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:  # another rank or process made it first: its mode is its creator's
-            continue
-        os.chmod(d, mode)
+    _core.make_dirs(path, mode)
