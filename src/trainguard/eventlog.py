@@ -35,19 +35,19 @@ _WARNINGS_PER_FILE = 10
 # --- writing -------------------------------------------------------------------------------------
 
 
-def _finite(value: object) -> object:
+def finite_json(value: object) -> object:
     """NaN/Infinity are not JSON: store them as null rather than write a file others cannot parse."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
 def _encode(record: Event) -> bytes:
-    data = _finite(record.to_dict())
+    data = finite_json(record.to_dict())
     return (json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 

@@ -75,6 +75,16 @@ def start_supervisor(run_dir: Path, command: list[str], *, nproc: int, log: Path
                             stderr=subprocess.STDOUT)
 
 
+def assert_gone_within(pids: list[int], since_wall: float, seconds: float) -> None:
+    """Every process in ``pids`` has exited, at most ``seconds`` after the wall time ``since_wall``."""
+    deadline = time.monotonic() + 2 * seconds
+    while not all(process_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gone = time.time()
+    assert all(process_gone(p) for p in pids)
+    assert gone - since_wall <= seconds, gone - since_wall
+
+
 def process_gone(pid: int) -> bool:
     """Exited (or a zombie waiting to be reaped: it runs no more)."""
     try:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UsageError
+from trainguard.eventlog import finite_json
 
 WEB_PACKAGES = ("starlette", "uvicorn", "jinja2", "plotly")
 """Distributions of the ``web`` extra that the dashboard and the HTML report import."""
@@ -29,22 +29,12 @@ def require(*modules: str, what: str) -> None:
                          "pip install 'trainguard[web]'")
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def dumps(obj: Any, **kw: Any) -> str:
     """JSON that browsers parse: NaN and infinities (not JSON) become null."""
     try:
         return json.dumps(obj, allow_nan=False, separators=(",", ":"), **kw)
     except ValueError:
-        return json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"), **kw)
+        return json.dumps(finite_json(obj), allow_nan=False, separators=(",", ":"), **kw)
 
 
 def static_dir() -> Path:
