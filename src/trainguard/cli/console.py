@@ -89,7 +89,7 @@ class Console:
             return f"node {record.node} excluded: {record.reason}"
         if isinstance(record, AttemptStarted) and record.attempt > 0:
             resume = (f"resuming from the checkpoint of step {record.resume_step}" if record.resume_step is not None
-                      else "from the start (no checkpoint)")
+                      else "no trainguard checkpoint: the script resumes from its own, if it keeps one")
             return f"restart: attempt {record.attempt} with {record.world_size} ranks, {resume}"
         return None
 
