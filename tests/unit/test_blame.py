@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.launch import blame
 from trainguard.launch.blame import HangFacts, backend_of, default_group_enqueued, hang_culprits, is_stopped
 from trainguard.launch.evidence import proc_state, read_dumps
 
@@ -120,3 +121,16 @@ def test_pipeline_ranks_in_step_are_not_behind_though_gloo_op_ids_differ() -> No
     lagging = default_group_collectives([allreduce(1)], {"0": {"last_enqueued_collective": 9}})
     assert lagging == 1
     assert default_group_collectives([], {"0": {"last_enqueued_collective": 4}}) == 4  # no entries: counters
+
+
+def test_exit_codes_are_said_in_words_and_a_silent_sigkill_is_explained() -> None:
+    codes = {0: -signal.SIGABRT, 1: -signal.SIGKILL, 2: 1}
+    assert blame.crash_detail(codes) == "rank 0 killed by SIGABRT, rank 1 killed by SIGKILL, rank 2 exit code 1"
+    assert blame.exit_words(-200) == "killed by signal 200"
+    culprits, kind = blame.crash_culprits(codes)
+    assert (culprits, kind) == ([1], "crash")
+    note = blame.unexplained_crash_note(codes, culprits)
+    assert "rank 1 died of SIGKILL" in note and "OOM killer" in note
+    # a rank that exited with its own error gets no such guess
+    assert blame.unexplained_crash_note({0: 1}, [0]) == ""
+    assert blame.unexplained_crash_note({0: -signal.SIGSEGV}, [0]) == ""

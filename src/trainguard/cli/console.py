@@ -82,9 +82,11 @@ class Console:
         if isinstance(record, Diagnosis):
             evidence = self.cfg.layout.diagnostics_dir(record.attempt)
             verdict = f"{record.verdict}, " if record.verdict else ""
+            # "Unknown (confidence 0.00)" alone reads like a fault of the tool: say what was seen instead
+            why = f" ({record.explanation})" if record.category == "Unknown" and record.explanation else ""
             return (f"diagnosis of attempt {record.attempt}: {verdict}culprit {_ranks(record.culprit_ranks)}"
                     f"{_hosts(record.culprit_hosts)}, category {record.category} "
-                    f"(confidence {record.confidence:.2f}); evidence in {evidence}")
+                    f"(confidence {record.confidence:.2f}){why}; evidence in {evidence}")
         if isinstance(record, NodeExcluded):
             return f"node {record.node} excluded: {record.reason}"
         if isinstance(record, AttemptStarted) and record.attempt > 0:

@@ -380,12 +380,13 @@ class GuardAgent(LocalElasticAgent):
         culprits, kind = blame.crash_culprits(codes)
         beats = self._read_beats(wg)
         steps = [b.step for b in beats.values() if b is not None]
-        detail = ", ".join(f"rank {r} exit code {codes[r]}" for r in failed)
+        detail = blame.crash_detail(codes)
         if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         if self._claim_failure():
             self._record_failure(kind, culprits, mono - self._last_alive_mono, wall, min(steps) if steps else None,
-                                 ev, detail, verdict="crash", explanation=detail)
+                                 ev, detail, verdict="crash", explanation=detail,
+                                 if_unknown=blame.unexplained_crash_note(codes, culprits))
         self._close_attempt("failure", codes[failed[0]] if failed else None)
         self._apply_policy(beats, ev)
         return result
@@ -537,7 +538,8 @@ class GuardAgent(LocalElasticAgent):
 
     def _record_failure(self, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
                         ev: evidence.Evidence, detail: str, *, verdict: str, explanation: str,
-                        diagnosis_ranks: list[int] | None = None, backend: str | None = None) -> None:
+                        diagnosis_ranks: list[int] | None = None, backend: str | None = None,
+                        if_unknown: str = "") -> None:
         record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
                                  ranks=tuple(ranks), hosts=self._hosts_of(ranks),
                                  detection_latency_seconds=max(0.0, latency), step=step,
@@ -545,6 +547,8 @@ class GuardAgent(LocalElasticAgent):
         self.failures.append(record)
         self.emit(record)
         category, group, confidence, lines, note = self._classify(ev, ranks, verdict, backend)
+        if category == "Unknown":
+            note += if_unknown  # say why nothing was found rather than only "Unknown"
         blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
         self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, category=category,
                             group=group, verdict=verdict, culprit_ranks=tuple(blamed),

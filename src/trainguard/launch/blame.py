@@ -37,6 +37,33 @@ def crash_culprits(exit_codes: Mapping[int, int]) -> tuple[list[int], str]:
     return (primary or signalled or failed), ("crash" if signalled else "exit")
 
 
+def exit_words(code: int) -> str:
+    """An exit code as people say it: ``killed by SIGKILL`` for a negative (signal) code, ``exit code 1`` else."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def crash_detail(exit_codes: Mapping[int, int]) -> str:
+    """One line naming how each ended rank ended, e.g. ``rank 1 killed by SIGKILL, rank 0 exit code 1``."""
+    return ", ".join(f"rank {r} {exit_words(exit_codes[r])}" for r in sorted(exit_codes))
+
+
+def unexplained_crash_note(exit_codes: Mapping[int, int], culprits: Iterable[int]) -> str:
+    """What to say when the culprits' logs name no cause: a SIGKILL from outside leaves no error behind.
+
+    Empty when a culprit did not die of SIGKILL (its own error, if any, is what the logs are searched for).
+    """
+    killed = [r for r in culprits if exit_codes.get(r) == -signal.SIGKILL]
+    if not killed:
+        return ""
+    return (f"; rank {', '.join(map(str, killed))} died of SIGKILL with no error in its log: something outside "
+            f"the job ended it (the kernel's OOM killer, the scheduler, an operator); see the host's kernel log")
+
+
 # --- hangs -------------------------------------------------------------------------------------------
 
 
