@@ -1,13 +1,15 @@
-"""Checkpoint benchmark: trainguard's saves and restores against the raw disk, measured in the same run.
+"""Checkpoint benchmark: trainguard's saves and restores against plain DCP and the raw disk, in one run.
 
 Starts ``--ranks`` gloo processes holding ``--mb`` MB of state in total (sharded: every rank owns its
-slice) and measures, in this order: raw parallel sequential write + fdatasync of the same bytes in the
-same directory; plain ``dcp.save`` (no checksums, no manifest); trainguard sync save; trainguard async
-save (blocking part and total); raw read and trainguard restore (verify + load) with the files evicted
-from the page cache (posix_fadvise DONTNEED, no root needed). Every figure is the slowest rank's time.
-Figures are best-of-``--repeats``; the goals are judged on the median of per-repeat paired ratios
-(measurements of one repeat run back to back). Prints one JSON object.
-Example: ``python benchmarks/checkpoint.py --mb 500 --ranks 4``.
+slice). Each repeat measures, in a rotating order: raw parallel write + fdatasync of the same bytes;
+plain ``dcp.save``; trainguard sync save (checksums, manifest, commit); plain ``dcp.async_save`` on its
+own gloo group (stall and total) and trainguard's async save (stall and total). Then, per repeat, with
+the files evicted from the page cache before each (posix_fadvise DONTNEED, no root needed): raw read,
+plain ``dcp.load`` of trainguard's checkpoint, the former two-read restore (checksum, then
+``dcp.load``) and trainguard's restore (one read, verified while it loads). Every figure is the
+slowest rank's time; goals are judged on the median of per-repeat paired ratios (measurements of one
+repeat run back to back). Prints one JSON object.
+Example: ``python benchmarks/checkpoint.py --mb 256 --ranks 2 --repeats 3``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 8 << 20
+SAVES = ("raw_write", "dcp_save", "sync_save", "dcp_async_stall", "dcp_async_total", "async_stall", "async_total")
+LOADS = ("raw_read", "dcp_load", "verify_then_load", "restore")
 
 
 def _evict(paths: list[Path]) -> None:
@@ -43,176 +48,204 @@ def _files(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.is_file()]
 
 
+class Bench:
+    """One rank's view: its shard, a timing group, and helpers that time the slowest rank."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world = args.rank, args.ranks
+        self.base = Path(args.dir)
+        share = int(args.mb * 1e6) // self.world
+        gen = torch.Generator().manual_seed(self.rank)
+        self.shards = {f"w{i}": torch.rand(share // args.tensors // 4, generator=gen) for i in range(args.tensors)}
+        self.mb = sum(t.numel() * 4 for t in self.shards.values()) * self.world / 1e6
+        self.timing_pg = dist.new_group(backend="gloo")
+        self.raw = self.base / f"raw-{self.rank}.bin"
+        self.payload = memoryview(torch.cat([t.view(torch.uint8) for t in self.shards.values()]).numpy())
+
+    def slowest(self, seconds: float) -> float:
+        import torch
+
+        box = torch.tensor([seconds], dtype=torch.float64)
+        self.dist.all_reduce(box, op=self.dist.ReduceOp.MAX, group=self.timing_pg)
+        return float(box)
+
+    def settle(self, evict: bool = False) -> None:
+        """Start a measurement with no dirty pages pending (and, for reads, nothing cached); align ranks."""
+        if self.rank == 0:
+            os.sync()
+            if evict:
+                _evict(_files(self.base))
+        self.dist.barrier(group=self.timing_pg)
+
+    def timed(self, fn: Callable[[], Any], evict: bool = False) -> float:
+        self.settle(evict)
+        start = time.perf_counter()
+        fn()
+        return self.slowest(time.perf_counter() - start)
+
+    def raw_write(self) -> None:
+        fd = os.open(self.raw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for off in range(0, self.payload.nbytes, CHUNK):
+                os.write(fd, self.payload[off : off + CHUNK])
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def raw_read(self) -> None:
+        with self.raw.open("rb", buffering=0) as fh:
+            buf = bytearray(CHUNK)
+            while fh.readinto(buf):
+                pass
+
+
+def _async_pair(b: Bench, runs: dict[str, list[float]], save: Callable[[], Any], wait: Callable[[Any], None],
+                prefix: str) -> None:
+    """Stall (until ``save`` returns) and total (until the checkpoint is durable) of one async save."""
+    b.settle()
+    start = time.perf_counter()
+    handle = save()
+    stalled = time.perf_counter() - start
+    wait(handle)
+    runs[f"{prefix}_total"].append(b.slowest(time.perf_counter() - start))
+    runs[f"{prefix}_stall"].append(b.slowest(stalled))
+
+
+def _save_jobs(b: Bench, runs: dict[str, list[float]], rep: int, ckpts: dict[str, Any], async_pg: Any) -> list[Any]:
+    import torch.distributed.checkpoint as dcp
+
+    state = {"rank_local": b.shards}
+    plain = {"__rank_local__": {str(b.rank): b.shards}}  # the same layout trainguard writes
+    return [
+        lambda: runs["raw_write"].append(b.timed(b.raw_write)),
+        lambda: runs["dcp_save"].append(b.timed(lambda: dcp.save(plain, checkpoint_id=b.base / f"plain-{rep}"))),
+        lambda: runs["sync_save"].append(b.timed(lambda: ckpts["sync"].save(rep, state))),
+        lambda: _async_pair(
+            b, runs, lambda: dcp.async_save(plain, checkpoint_id=b.base / f"plain-async-{rep}", process_group=async_pg),
+            lambda fut: fut.result(), "dcp_async",
+        ),
+        lambda: _async_pair(b, runs, lambda: ckpts["async"].save(rep, state), lambda _: ckpts["async"].wait(), "async"),
+    ]
+
+
+def _load_jobs(b: Bench, runs: dict[str, list[float]], ckpt: Any, last: Path) -> list[Any]:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from trainguard.checkpoint.manifest import read_manifest, verify_files
+
+    target = {"rank_local": {k: torch.empty_like(v) for k, v in b.shards.items()}}
+    plain = {"__rank_local__": {str(b.rank): {k: torch.empty_like(v) for k, v in b.shards.items()}}}
+
+    def verify_then_load() -> None:
+        """The two-read restore trainguard used before: checksum this rank's share of the files, then load."""
+        manifest = read_manifest(last)
+        verify_files(last, manifest, sorted(manifest.files)[b.rank :: b.world])
+        dcp.load(plain, checkpoint_id=last)
+
+    def restore() -> None:
+        restored = ckpt.restore(target)
+        if restored is None or not all(torch.equal(target["rank_local"][k], v) for k, v in b.shards.items()):
+            raise SystemExit("restore returned other data")
+
+    return [
+        lambda: runs["raw_read"].append(b.timed(b.raw_read, evict=True)),
+        lambda: runs["dcp_load"].append(b.timed(lambda: dcp.load(plain, checkpoint_id=last), evict=True)),
+        lambda: runs["verify_then_load"].append(b.timed(verify_then_load, evict=True)),
+        lambda: runs["restore"].append(b.timed(restore, evict=True)),
+    ]
+
+
+def _paired(runs: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over repeats of ``num/den`` (times) measured back to back."""
+    return round(statistics.median(a / b for a, b in zip(runs[num], runs[den], strict=True)), 4)
+
+
+def summarize(runs: dict[str, list[float]], mb: float, ranks: int, checksum: str) -> dict[str, Any]:
+    best = {k: min(v) for k, v in runs.items()}
+    out: dict[str, Any] = {"mb": round(mb, 1), "ranks": ranks, "checksum": checksum}
+    out["mb_per_second"] = {
+        "disk_write": round(mb / best["raw_write"], 1),
+        "dcp_save": round(mb / best["dcp_save"], 1),
+        "save": round(mb / best["sync_save"], 1),
+        "dcp_async_total": round(mb / best["dcp_async_total"], 1),
+        "async_total": round(mb / best["async_total"], 1),
+        "disk_read_cold": round(mb / best["raw_read"], 1),
+        "dcp_load_cold": round(mb / best["dcp_load"], 1),
+        "verify_then_load_cold": round(mb / best["verify_then_load"], 1),
+        "restore_cold": round(mb / best["restore"], 1),
+    }
+    out["stall_seconds"] = {"dcp_async": round(best["dcp_async_stall"], 4), "async": round(best["async_stall"], 4),
+                            "sync_save": round(best["sync_save"], 4)}
+    # Throughput ratios are inverse time ratios: trainguard's figure over the reference's.
+    out["ratios_paired_median"] = {
+        "save_vs_dcp_save": _paired(runs, "dcp_save", "sync_save"),
+        "async_total_vs_dcp_async_total": _paired(runs, "dcp_async_total", "async_total"),
+        "async_stall_vs_dcp_async_stall": _paired(runs, "async_stall", "dcp_async_stall"),
+        "async_stall_vs_sync_save": _paired(runs, "async_stall", "sync_save"),
+        "save_vs_disk_write": _paired(runs, "raw_write", "sync_save"),
+        "restore_vs_disk_read": _paired(runs, "raw_read", "restore"),
+        "restore_vs_dcp_load": _paired(runs, "dcp_load", "restore"),
+        "restore_vs_verify_then_load": _paired(runs, "verify_then_load", "restore"),
+    }
+    judged = out["ratios_paired_median"]
+    out["goals"] = {
+        "restore_at_least_80pct_of_disk_read": judged["restore_vs_disk_read"] >= 0.8,
+        "save_at_least_95pct_of_dcp_save": judged["save_vs_dcp_save"] >= 0.95,
+        "async_save_at_least_95pct_of_dcp_async_save": judged["async_total_vs_dcp_async_total"] >= 0.95,
+        "async_stall_at_most_5pct_of_sync_save": judged["async_stall_vs_sync_save"] <= 0.05,
+    }
+    out["runs_seconds"] = {k: [round(v, 4) for v in vals] for k, vals in runs.items()}
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     import logging
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
-    from trainguard.checkpoint import Checkpointer
+    from trainguard.checkpoint import CheckpointConfig, Checkpointer
 
     if os.environ.get("TG_BENCH_DEBUG"):
         logging.basicConfig(level=logging.DEBUG, format=f"rank{args.rank} %(message)s")
-
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.ranks,
-        timeout=timedelta(seconds=600),
-    )
-    rank, world = args.rank, args.ranks
-    base = Path(args.dir)
-    share = int(args.mb * 1e6) // world
-    per_tensor = share // args.tensors // 4
-    gen = torch.Generator().manual_seed(rank)
-    shards = {f"w{i}": torch.rand(per_tensor, generator=gen) for i in range(args.tensors)}
-    nbytes = sum(t.numel() * 4 for t in shards.values()) * world
-    mb = nbytes / 1e6
-    timing_pg = dist.new_group(backend="gloo")
-
-    def slowest(seconds: float) -> float:
-        box = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=timing_pg)
-        return float(box)
-
-    def settle() -> None:
-        """Start every measurement with no dirty pages pending (ours or anyone's), then align the ranks."""
-        if rank == 0:
-            os.sync()
-        dist.barrier(group=timing_pg)
-
-    def timed(fn: Any) -> float:
-        settle()
-        start = time.perf_counter()
-        fn()
-        return slowest(time.perf_counter() - start)
-
-    out: dict[str, Any] = {"mb": round(mb, 1), "ranks": world, "directory": str(base)}
-    keys = ("raw_write", "dcp_save", "sync_save", "sync_save_crc32", "async_block", "async_total")
-    runs: dict[str, list[float]] = {k: [] for k in keys}
-    raw = base / f"raw-{rank}.bin"
-    payload = memoryview(torch.cat([t.view(torch.uint8) for t in shards.values()]).numpy())
-
-    def raw_write() -> None:
-        fd = os.open(raw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for off in range(0, payload.nbytes, CHUNK):
-                os.write(fd, payload[off : off + CHUNK])
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                            world_size=args.ranks, timeout=timedelta(seconds=600))
+    b = Bench(args)
+    async_pg = dist.new_group(backend="gloo")  # plain async_save on the default group hangs (see docs)
     # Long-lived checkpointers, warmed up once (first use of their gloo groups, staging buffers), as in a job.
-    sync = Checkpointer(base / "sync", async_save=False, keep_last=100)
-    crc = Checkpointer(base / "crc32", async_save=False, keep_last=100, checksum="crc32")
-    asy = Checkpointer(base / "async", async_save=True, keep_last=100)
-    sync.save(0, {"rank_local": shards})
-    crc.save(0, {"rank_local": shards})
-    asy.save(0, {"rank_local": shards})
-    asy.wait()
-
-    def async_save(rep: int) -> None:
-        settle()
-        start = time.perf_counter()
-        asy.save(rep, {"rank_local": shards})
-        blocked = time.perf_counter() - start
-        asy.wait()
-        runs["async_total"].append(slowest(time.perf_counter() - start))
-        runs["async_block"].append(slowest(blocked))
-
+    ckpts = {
+        "sync": Checkpointer(b.base / "sync", CheckpointConfig(async_save=False, keep_last=100)),
+        "async": Checkpointer(b.base / "async", CheckpointConfig(async_save=True, keep_last=100)),
+    }
+    for ckpt in ckpts.values():
+        ckpt.save(0, {"rank_local": b.shards})
+        ckpt.wait()
+    runs: dict[str, list[float]] = {k: [] for k in (*SAVES, *LOADS)}
     for rep in range(1, args.repeats + 1):
-        jobs = [
-            lambda: runs["raw_write"].append(timed(raw_write)),
-            lambda r=rep: runs["dcp_save"].append(
-                timed(lambda: dcp.save({"rank_local": {str(rank): shards}}, checkpoint_id=base / f"plain-{r}"))
-            ),
-            lambda r=rep: runs["sync_save"].append(timed(lambda: sync.save(r, {"rank_local": shards}))),
-            lambda r=rep: runs["sync_save_crc32"].append(timed(lambda: crc.save(r, {"rank_local": shards}))),
-            lambda r=rep: async_save(r),
-        ]
+        jobs = _save_jobs(b, runs, rep, ckpts, async_pg)
         for i in range(len(jobs)):  # rotate the order each repeat: no method always runs first
             jobs[(i + rep) % len(jobs)]()
-        dist.barrier(group=timing_pg)
-        if rank == 0:  # keep the disk from filling; outside the timed parts
-            for old in (base / f"plain-{rep}", *(base / d / f"step-{rep - 1}" for d in ("sync", "crc32", "async"))):
+        dist.barrier(group=b.timing_pg)
+        if b.rank == 0:  # keep the disk from filling; outside the timed parts
+            for old in (b.base / f"plain-{rep}", b.base / f"plain-async-{rep}",
+                        *(b.base / d / f"step-{rep - 1}" for d in ckpts)):
                 shutil.rmtree(old, ignore_errors=True)
-    asy.close()
-    crc.close()
-
-    def raw_read() -> None:
-        with raw.open("rb", buffering=0) as fh:
-            buf = bytearray(CHUNK)
-            while fh.readinto(buf):
-                pass
-
-    if rank == 0:
-        _evict(_files(base))
-    dist.barrier(group=timing_pg)
-    read_seconds = timed(raw_read)
-    target = {"rank_local": {k: torch.empty_like(v) for k, v in shards.items()}}
-    plain_target = {"__rank_local__": {str(rank): {k: torch.empty_like(v) for k, v in shards.items()}}}
-    last = base / "sync" / f"step-{args.repeats}"
-    if rank == 0:
-        _evict(_files(base))
-    dist.barrier(group=timing_pg)
-    plain_load_seconds = timed(lambda: dcp.load(plain_target, checkpoint_id=last))
-    if rank == 0:
-        _evict(_files(base))
-    dist.barrier(group=timing_pg)
-    load_seconds = timed(lambda: sync.restore(target))
-    assert all(torch.equal(target["rank_local"][k], shards[k]) for k in shards), "restore returned other data"
-    warm_load_seconds = timed(lambda: sync.restore(target))
-    sync.close()
-
-    def best(key: str) -> float:
-        return min(runs[key])
-
-    out.update(
-        {
-            "async_blocking_seconds": round(best("async_block"), 4),
-            "async_total_seconds": round(best("async_total"), 3),
-            "sync_save_seconds": round(best("sync_save"), 3),
-            "save_mb_per_second": round(mb / best("sync_save"), 1),
-            "save_mb_per_second_no_verify": round(mb / best("dcp_save"), 1),
-            "save_mb_per_second_crc32": round(mb / best("sync_save_crc32"), 1),
-            "checksum": sync.checksum,
-            "disk_write_mb_per_second": round(mb / best("raw_write"), 1),
-            "load_mb_per_second": round(mb / load_seconds, 1),
-            "load_mb_per_second_warm": round(mb / warm_load_seconds, 1),
-            "load_mb_per_second_no_verify": round(mb / plain_load_seconds, 1),
-            "disk_read_mb_per_second": round(mb / read_seconds, 1),
-            "runs_seconds": {k: [round(v, 4) for v in vals] for k, vals in runs.items()},
-        }
-    )
-    out["ratios"] = {
-        "async_blocking_vs_sync_save": round(out["async_blocking_seconds"] / out["sync_save_seconds"], 4),
-        "save_vs_disk_write": round(out["save_mb_per_second"] / out["disk_write_mb_per_second"], 3),
-        "save_vs_save_no_verify": round(out["save_mb_per_second"] / out["save_mb_per_second_no_verify"], 3),
-        "load_vs_disk_read": round(out["load_mb_per_second"] / out["disk_read_mb_per_second"], 3),
-    }
-
-    # Paired ratios: each repeat's measurements ran back to back, so their ratio cancels most of the
-    # slow drift of a shared machine's load; the median over repeats is what the goals are judged on.
-    def paired(num: str, den: str) -> float:
-        return round(statistics.median(a / b for a, b in zip(runs[num], runs[den], strict=True)), 4)
-
-    out["ratios_paired_median"] = {
-        "async_blocking_vs_sync_save": paired("async_block", "sync_save"),
-        "save_vs_disk_write": paired("raw_write", "sync_save"),
-        "save_vs_save_no_verify": paired("dcp_save", "sync_save"),
-    }
-    judged = out["ratios_paired_median"]
-    out["goals"] = {
-        "async_blocks_at_most_10pct_of_sync": judged["async_blocking_vs_sync_save"] <= 0.10,
-        "save_at_least_70pct_of_disk_write": judged["save_vs_disk_write"] >= 0.70,
-        "checksums_do_not_halve_throughput": judged["save_vs_save_no_verify"] > 0.5,
-    }
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(out))
+    ckpts["async"].close()
+    restorer = ckpts["sync"]
+    for rep in range(1, args.repeats + 1):
+        jobs = _load_jobs(b, runs, restorer, b.base / "sync" / f"step-{args.repeats}")
+        for i in range(len(jobs)):
+            jobs[(i + rep) % len(jobs)]()
+    restorer.close()
+    if b.rank == 0:
+        Path(args.out).write_text(json.dumps(summarize(runs, b.mb, b.world, restorer.checksum)))
     dist.destroy_process_group()
 
 
@@ -253,7 +286,9 @@ def main() -> int:
         if any(codes) or not out.exists():
             print(f"checkpoint benchmark: a rank failed (exit codes {codes})", file=sys.stderr)
             return 1
-        print(out.read_text())
+        result = json.loads(out.read_text())
+        result["directory"] = str(base)
+        print(json.dumps(result))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -28,13 +28,13 @@ PREFIX = "nccl_trace_rank_"
 
 _CHILD_ANALYZE = """
 import gc, json, resource, sys, time
-from trainguard.localize import diagnose_path, reader
+from trainguard.localize import diagnose_path, unpickle
 t = time.perf_counter(); c = time.process_time()
 rep = diagnose_path(sys.argv[1])
 out = {"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
        "verdict": rep.verdict, "culprit_ranks": list(rep.culprit_ranks),
-       "memory_guard": "rlimit-data" if reader._cap_enforced() else "opcode-walk"}
+       "memory_guard": "rlimit-data" if unpickle._cap_enforced() else "opcode-walk"}
 print(json.dumps(out))
 """
 

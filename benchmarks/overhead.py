@@ -1,6 +1,6 @@
 """Step-time overhead of the in-rank library on a fault-free run, side by side with the bare workload.
 
-Runs examples/train_gpt.py under plain torchrun, alternating "with trainguard" (attach() with the
+Runs trainguard/examples/train_gpt.py under plain torchrun, alternating "with trainguard" (attach() with the
 agent's environment: heartbeats, control thread, step events) and "without" (``--no-trainguard``),
 ``--reps`` times each. The script times every step itself (perf_counter around the step, so the
 library's own per-step work is inside the measurement), in wall time and in the rank process's CPU
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT = ROOT / "examples" / "train_gpt.py"
+GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
 MODEL = ["--d-model", "128", "--layers", "2", "--heads", "4", "--seq", "64", "--batch", "8"]
 
 

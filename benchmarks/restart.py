@@ -1,18 +1,35 @@
 """Restart latency of `trainguard run` against a bare `torchrun --max-restarts` restart, same workload, same run.
 
-Both runs train examples/train_gpt.py (2 ranks by default) and SIGKILL rank 1 at the same step with
-the same chaos injection (the in-rank library fires it in both: under torchrun it runs without an
-agent). Measured from the events the ranks write:
+Every run trains the reference GPT (2 ranks by default) and faults rank 1 at the same step with the same
+chaos injection (the in-rank library fires it everywhere: under torchrun it runs without an agent).
+Measured from the events the ranks write:
 
-* fault -> first new step: the injected fault's time to the first step completed by every rank in
-  the next attempt (the same yardstick for both);
+* fault -> first new step: the injected fault's time to the first step completed by every rank in the
+  next attempt (the same yardstick for all);
 * for trainguard also detection -> first new step (FailureDetected.time to the same point), and the
   detection latency itself.
 
+Sections, all in the same benchmark run, interleaved rep by rep:
+
+* ``trainguard``: `trainguard run`, SIGKILL of rank 1, whole-process restart (trainguard/examples/train_gpt.py);
+* ``torchrun_max_restarts``: bare torchrun, the same crash;
+* ``inprocess``: `trainguard run --in-process --warm-spares 1` on the same model written as a restartable
+  function (trainguard/examples/train_gpt_inprocess.py): rank 0 re-enters in its interpreter, a warm spare
+  takes rank 1's place; goal <= 0.35 x torchrun's fault -> first new step;
+* ``inprocess_cold``: the same without a spare (rank 1's new process imports torch);
+* ``warm_restart``: a whole-process restart from warm spares (``--in-process --fresh-processes
+  --warm-spares RANKS``: every rank gets a new process, none imports torch); goal <= 0.6 x torchrun's;
+* ``hang``: a hang of rank 1 (it stops before the step's collectives) under `trainguard run`: detection
+  latency and detection -> first new step (goal <= 5 s: stopping the hung workers takes the
+  SIGCONT/SIGTERM/--stop-grace/SIGKILL path, not torch's 30 s); ``hang_inprocess``: the same with
+  ``--in-process --warm-spares 1`` (the hung rank is killed at once and replaced).
+
 Bare torchrun needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 to restart gloo workers at all (see
 shared/reference/pytorch-2.13-cpu-facts.md); it gathers no evidence and runs no health checks.
+Runs with warm spares train tests/e2e/userscripts/inprocess_after_spare.py: the same script, which starts
+training only once the spares wait, so the fault never meets a spare still importing torch.
 
-    .venv/bin/python benchmarks/restart.py [--reps 2] [--ranks 2] [--steps 30] [--crash-step 12]
+    .venv/bin/python benchmarks/restart.py [--reps 2] [--ranks 2] [--steps 50] [--crash-step 40]
 
 Prints one JSON object.
 """
@@ -26,12 +43,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT = ROOT / "examples" / "train_gpt.py"
+GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
+GPT_INPROCESS = ROOT / "src" / "trainguard" / "examples" / "train_gpt_inprocess.py"
+# train_gpt_inprocess that starts training once the warm spares wait (their start-up is not the restart's)
+AFTER_SPARES = ROOT / "tests" / "e2e" / "userscripts" / "inprocess_after_spare.py"
 MODEL = ["--d-model", "128", "--layers", "2", "--heads", "4", "--seq", "64", "--batch", "8"]
+HANG_GOAL_SECONDS = 5.0
+INPROCESS_GOAL_RATIO = 0.35
+WARM_GOAL_RATIO = 0.6
 
 
 def _events(run_dir: Path, prefix: str) -> list[dict[str, Any]]:
@@ -55,21 +79,55 @@ def _fault_time(run_dir: Path) -> float:
     return min(e["time"] for e in _events(run_dir, "rank-") if e["type"] == "fault_injected")
 
 
-def _common(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    return [str(GPT), "--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--seed", "1",
+def _common(args: argparse.Namespace, run_dir: Path, script: Path = GPT) -> list[str]:
+    return [str(script), "--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--seed", "1",
             "--ckpt-dir", str(run_dir / "checkpoints"), *MODEL]
 
 
-def trainguard_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    spec = f"crash@step={args.crash_step},rank=1"
+def _supervised(args: argparse.Namespace, run_dir: Path, spec: str, options: list[str],
+                script: Path, spares: int = 0) -> dict[str, float]:
+    """One `trainguard run` with fault ``spec``; the common measurements plus the in-process record."""
     subprocess.run([sys.executable, "-m", "trainguard", "run", "--nproc-per-node", str(args.ranks),
-                    "--run-dir", str(run_dir), "--max-restarts", "1", "--inject", spec,
-                    "--", *_common(args, run_dir)], check=True, capture_output=True, timeout=600)
-    failure = next(e for e in _events(run_dir, "agent-") if e["type"] == "failure_detected")
+                    "--run-dir", str(run_dir), "--max-restarts", "1", "--inject", spec, *options,
+                    *(["--warm-spares", str(spares)] if spares else []), "--", *_common(args, run_dir, script)],
+                   check=True, capture_output=True, timeout=600, env={**os.environ, "TEST_SPARES_READY": str(spares)})
+    agent = _events(run_dir, "agent-")
+    failure = next(e for e in agent if e["type"] == "failure_detected")
     first = _first_new_step(run_dir, 1, args.ranks)
-    return {"fault_to_first_new_step_seconds": first - _fault_time(run_dir),
-            "detection_to_first_new_step_seconds": first - failure["time"],
-            "detection_latency_seconds": failure["detection_latency_seconds"]}
+    out = {"fault_to_first_new_step_seconds": first - _fault_time(run_dir),
+           "detection_to_first_new_step_seconds": first - failure["time"],
+           "detection_latency_seconds": failure["detection_latency_seconds"]}
+    recovery = [e for e in agent if e["type"] == "inprocess_recovery"]
+    if recovery:
+        out["recovery_seconds"] = recovery[0]["seconds"]
+        out["warm_spares_used"] = recovery[0].get("warm_spares_used", 0)
+        out["recovered_in_process"] = recovery[0]["status"] == "recovered"
+    return out
+
+
+def trainguard_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", [], GPT)
+
+
+def inprocess_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process"], AFTER_SPARES, 1)
+
+
+def warm_restart_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process", "--fresh-processes"],
+                       AFTER_SPARES, args.ranks)
+
+
+def inprocess_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process"], GPT_INPROCESS)
+
+
+def hang_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"hang@step={args.crash_step},rank=1", [], GPT)
+
+
+def hang_inprocess_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"hang@step={args.crash_step},rank=1", ["--in-process"], AFTER_SPARES, 1)
 
 
 def torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
@@ -83,40 +141,73 @@ def torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     return {"fault_to_first_new_step_seconds": first - _fault_time(run_dir)}
 
 
+RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
+    "tg": trainguard_run, "bare": torchrun_run, "inprocess": inprocess_run, "inprocess_cold": inprocess_cold_run,
+    "warm_restart": warm_restart_run, "hang": hang_run, "hang_inprocess": hang_inprocess_run,
+}
+
+
+def _med(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return round(statistics.median(values), 3) if values else None
+
+
+def _section(rows: list[dict[str, Any]], bare_fault: float, goal_ratio: float | None) -> dict[str, Any]:
+    fault = _med(rows, "fault_to_first_new_step_seconds")
+    out: dict[str, Any] = {
+        "fault_to_first_new_step_seconds": fault,
+        "detection_to_first_new_step_seconds": _med(rows, "detection_to_first_new_step_seconds"),
+        "detection_latency_seconds": _med(rows, "detection_latency_seconds"),
+        "recovery_seconds": _med(rows, "recovery_seconds"),
+        "ratio_over_torchrun": round(fault / bare_fault, 3) if fault is not None else None,
+        "runs": rows,
+    }
+    if goal_ratio is not None and fault is not None:
+        out["goal_ratio"] = goal_ratio
+        out["goal_met"] = fault <= goal_ratio * bare_fault
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--crash-step", type=int, default=12)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--crash-step", type=int, default=40)
     p.add_argument("--ckpt-every", type=int, default=5)
     args = p.parse_args()
-    tg: list[dict[str, float]] = []
-    bare: list[dict[str, float]] = []
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNNERS}
     with tempfile.TemporaryDirectory() as d:
+        names = list(RUNNERS)
         for i in range(args.reps):
-            order = ("tg", "bare") if i % 2 == 0 else ("bare", "tg")
-            for which in order:
-                run_dir = Path(d) / f"{which}-{i}"
-                (tg if which == "tg" else bare).append(
-                    trainguard_run(args, run_dir) if which == "tg" else torchrun_run(args, run_dir))
+            for which in (names if i % 2 == 0 else names[::-1]):
+                rows[which].append(RUNNERS[which](args, Path(d) / f"{which}-{i}"))
 
-    def med(rows: list[dict[str, float]], key: str) -> float:
-        return round(statistics.median(r[key] for r in rows), 3)
-
-    tg_fault = med(tg, "fault_to_first_new_step_seconds")
-    bare_fault = med(bare, "fault_to_first_new_step_seconds")
+    tg_fault = _med(rows["tg"], "fault_to_first_new_step_seconds")
+    bare_fault = _med(rows["bare"], "fault_to_first_new_step_seconds")
+    assert tg_fault is not None and bare_fault is not None
+    hang = _section(rows["hang"], bare_fault, None)
+    hang_inprocess = _section(rows["hang_inprocess"], bare_fault, None)
+    for section in (hang, hang_inprocess):
+        after = section["detection_to_first_new_step_seconds"]
+        section["goal_detection_to_first_new_step_seconds"] = HANG_GOAL_SECONDS
+        section["goal_met"] = after is not None and after <= HANG_GOAL_SECONDS
     print(json.dumps({
-        "benchmark": "restart latency after a rank crash (SIGKILL)",
+        "benchmark": "restart latency after a rank crash (SIGKILL) and after a hang",
         "ranks": args.ranks, "reps": args.reps, "crash_step": args.crash_step,
         "trainguard": {
             "fault_to_first_new_step_seconds": tg_fault,
-            "detection_to_first_new_step_seconds": med(tg, "detection_to_first_new_step_seconds"),
-            "detection_latency_seconds": med(tg, "detection_latency_seconds"),
-            "runs": tg,
+            "detection_to_first_new_step_seconds": _med(rows["tg"], "detection_to_first_new_step_seconds"),
+            "detection_latency_seconds": _med(rows["tg"], "detection_latency_seconds"),
+            "runs": rows["tg"],
         },
-        "torchrun_max_restarts": {"fault_to_first_new_step_seconds": bare_fault, "runs": bare},
+        "torchrun_max_restarts": {"fault_to_first_new_step_seconds": bare_fault, "runs": rows["bare"]},
         "ratio_trainguard_over_torchrun": round(tg_fault / bare_fault, 3),
+        "inprocess": _section(rows["inprocess"], bare_fault, INPROCESS_GOAL_RATIO),
+        "inprocess_cold": _section(rows["inprocess_cold"], bare_fault, None),
+        "warm_restart": _section(rows["warm_restart"], bare_fault, WARM_GOAL_RATIO),
+        "hang": hang,
+        "hang_inprocess": hang_inprocess,
     }, indent=2))
     return 0
 

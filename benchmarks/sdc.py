@@ -1,10 +1,10 @@
 """Cost of the silent-data-corruption check at its default interval, side by side with the same steps unchecked.
 
-Starts ``--ranks`` gloo ranks (this file with ``--worker``) that train the demo's GPT (examples/train_gpt.py's
-model and data, its default size) data-parallel, in alternating blocks of ``--block`` steps: a block without the
-check, then a block with `trainguard.worker.sdc.SdcChecker` called after every update at interval ``--every``
-(default: trainguard run's default; a block is K steps by default, so each checked block holds exactly one
-check), ``--pairs`` times. Rank 0 reports:
+Starts ``--ranks`` gloo ranks (this file with ``--worker``) that train the demo's GPT
+(trainguard/examples/train_gpt.py's model and data, its default size) data-parallel, in alternating blocks of
+``--block`` steps: a block without the check, then a block with `trainguard.worker.sdc.SdcChecker` called
+after every update at interval ``--every`` (default: trainguard run's default; a block is K steps by default,
+so each checked block holds exactly one check), ``--pairs`` times. Rank 0 reports:
 
 * each block's mean step time (the check's cost is in the mean, not the median: it runs once per K steps);
   the side-by-side overhead is the median over pairs of (checked mean / unchecked mean - 1), noisy on a
@@ -41,9 +41,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    import train_gpt  # the demo's model and data
-
+    from trainguard.examples import train_gpt  # the demo's model and data
     from trainguard.worker.sdc import SdcChecker, fingerprint
 
     torch.set_num_threads(1)

@@ -2,7 +2,9 @@
 
 Anchors (issue 7): under 10 s at 16,384 GPUs and under 30 s at 131,072 GPUs on this machine. Also shows
 that cost follows the number of failures, not GPUs: 10 million GPUs with a rate that gives as many
-failures as 16,384 GPUs under llama3 costs about the same. Prints one JSON object.
+failures as 16,384 GPUs under llama3 costs about the same. Also times the planner's frontier at 131,072
+GPUs (`trainguard plan --gpus 131072 --target-ettr 0.9`), with the default detection (unreachable) and with
+a 60 s hang timeout and 6-minute SDC checks (reachable). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainguard.sim.engine import simulate
+from trainguard.sim.frontier import FrontierConfig, find_frontier
 from trainguard.sim.models import load_model
 from trainguard.sim.policy import JobConfig, PolicyConfig
 from trainguard.sim.summary import to_json
@@ -45,6 +48,19 @@ def _report(gpus: int, times: list[float], result: Any, trials: int = 1000, days
     }
 
 
+def _frontier(policy: PolicyConfig) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    found = find_frontier(load_model("llama3"), JobConfig(gpus=131072, days=54.0), policy, FrontierConfig(),
+                          trials=50, seed=0)
+    return {
+        "seconds": round(time.perf_counter() - t0, 3),
+        "reachable": found.reachable,
+        "best_ettr": {k: round(v, 4) for k, v in found.best_ettr.items()},
+        "points": [{**p.to_json(), "restart_seconds": round(p.restart_seconds, 1), "ettr": round(p.ettr, 4)}
+                   for p in found.points],
+    }
+
+
 def main() -> None:
     llama = load_model("llama3")
     _time(llama, 16384, 20, 5.0)  # warm-up (imports, allocator)
@@ -72,6 +88,8 @@ def main() -> None:
         "cost_ratio_10M_vs_16384_same_failures": round(huge["seconds"] / small["seconds"], 3),
         "cost_ratio_131072_vs_16384": round(large["seconds"] / small["seconds"], 3),
         "failure_ratio_131072_vs_16384": round(large["interruptions_simulated"] / small["interruptions_simulated"], 3),
+        "frontier_131072_default_detection": _frontier(PolicyConfig()),
+        "frontier_131072_fast_detection": _frontier(PolicyConfig(hang_timeout_seconds=60.0, sdc_check_seconds=360.0)),
     }, indent=2))
 
 

@@ -1,6 +1,8 @@
 """trainguard keeps large synchronous PyTorch training jobs training through failures.
 
-The public API is what this module exports. Every name is imported on first use: the automatic
+The public API is what this module exports; a training script needs only ``trainguard.attach``,
+``trainguard.Checkpointer``, ``trainguard.CheckpointConfig``, ``trainguard.IntervalPolicy`` and
+``trainguard.pg_timeout`` (docs/worker.md). Every name is imported on first use: the automatic
 instrumentation imports parts of this package into every worker when torch loads, so ``import
 trainguard`` itself must cost next to nothing (and nothing here may import torch).
 """
@@ -11,9 +13,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` resolves these lazily
-    from trainguard.checkpoint import Checkpointer
+    from trainguard.checkpoint import CheckpointConfig, Checkpointer, IntervalPolicy
     from trainguard.classify import classify_paths, classify_text
     from trainguard.errors import (
+        CheckpointError,
         EventFormatError,
         InputError,
         SchemaVersionError,
@@ -28,7 +31,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from trainguard.health import HealthConfig, run_checks
     from trainguard.localize import LocalizationReport, diagnose_path
     from trainguard.rundir import RunDir
-    from trainguard.worker import attach
+    from trainguard.worker import StepContext, Worker, attach, pg_timeout
 
 __version__ = "0.1.0"
 
@@ -50,7 +53,13 @@ _LAZY: dict[str, str] = {
     "compute_goodput": "trainguard.goodput",
     "FleetDB": "trainguard.fleetdb",
     "attach": "trainguard.worker",
+    "pg_timeout": "trainguard.worker",
+    "Worker": "trainguard.worker",
+    "StepContext": "trainguard.worker",
     "Checkpointer": "trainguard.checkpoint",
+    "CheckpointConfig": "trainguard.checkpoint",
+    "CheckpointError": "trainguard.errors",
+    "IntervalPolicy": "trainguard.checkpoint",
     "classify_paths": "trainguard.classify",
     "classify_text": "trainguard.classify",
     "HealthConfig": "trainguard.health",
@@ -61,6 +70,8 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CheckpointConfig",
+    "CheckpointError",
     "Checkpointer",
     "Event",
     "EventFormatError",
@@ -69,12 +80,15 @@ __all__ = [
     "GoodputReport",
     "HealthConfig",
     "InputError",
+    "IntervalPolicy",
     "LocalizationReport",
     "RunDir",
     "SchemaVersionError",
+    "StepContext",
     "StorageError",
     "TrainguardError",
     "UsageError",
+    "Worker",
     "__version__",
     "attach",
     "classify_paths",
@@ -82,6 +96,7 @@ __all__ = [
     "compute_goodput",
     "diagnose_path",
     "iter_events",
+    "pg_timeout",
     "read_events",
     "run_checks",
 ]

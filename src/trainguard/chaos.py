@@ -5,7 +5,8 @@ with no required keys), e.g. ``crash@step=30,rank=1;hang@step=60,rank=2;slow@ste
 A fault fires once per run: a marker file ``<run_dir>/chaos/fired-<index>`` is written just before it
 fires, so a restart that re-executes the step does not fire it again. ``attempt=K`` restricts a fault
 to attempt K. ``sdc@step=S,rank=R`` flips one bit of rank R's parameters right after step S-1's optimizer update
-(the start of step S). Node-level faults (``unhealthy@node=N``) are applied by the supervisor, not by ranks.
+(the start of step S). Node-level faults (``unhealthy@node=N``, ``node-crash@step=S,node=N``,
+``agent-kill@step=S,node=N``) are applied by the supervisor, not by ranks.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 
 RANK_KINDS = ("crash", "exit", "hang", "hang-in-collective", "slow", "desync", "sdc")
 """Faults fired inside a rank at the start of a step."""
-NODE_KINDS = ("unhealthy",)
-"""Faults the node agent applies before a (re)start."""
+NODE_KINDS = ("unhealthy", "node-crash", "agent-kill")
+"""Faults the node agent applies: ``unhealthy`` before a (re)start; ``node-crash`` (the agent kills its workers
+and itself) and ``agent-kill`` (the agent alone) once its ranks completed step S-1 (`trainguard.launch.nodes`)."""
 
 _COMMON_KEYS = {"attempt"}
 _KEYS: dict[str, tuple[set[str], set[str]]] = {
@@ -40,6 +42,8 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "desync": ({"step"}, {"rank"}),
     "sdc": ({"step"}, {"rank"}),
     "unhealthy": ({"node"}, set()),
+    "node-crash": ({"step", "node"}, set()),
+    "agent-kill": ({"step", "node"}, set()),
 }
 _INT_KEYS = {"step", "rank", "code", "attempt"}
 _FLOAT_KEYS = {"factor"}

@@ -1,7 +1,8 @@
-"""The exception tree of trainguard and the exit codes the command line maps it to.
+"""The exception tree of trainguard, and the exit codes of the command line.
 
 Every error a user can cause (a bad argument, a bad file, a full disk) is a `TrainguardError` with a
-one-line message; the CLI prints that line and exits with the error's `exit_code`.
+one-line message. Errors carry no exit code: only the CLI maps them to one (`trainguard.cli.exit_code_for`);
+the codes live here so that every verb shares one table (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -20,19 +21,13 @@ EXIT_INTERNAL = 70  # a bug in trainguard (the message says how to get the trace
 class TrainguardError(Exception):
     """Base of all errors trainguard raises on purpose."""
 
-    exit_code: int = EXIT_FAILURE
-
 
 class UsageError(TrainguardError):
     """An argument or configuration value is invalid (absurd size, unknown option value)."""
 
-    exit_code = EXIT_USAGE
-
 
 class InputError(TrainguardError):
     """An input file or directory is missing, unreadable or malformed."""
-
-    exit_code = EXIT_INPUT
 
 
 class EventFormatError(InputError):
@@ -62,4 +57,6 @@ class SchemaVersionError(InputError):
 class StorageError(TrainguardError):
     """Results could not be written (disk full, permission denied)."""
 
-    exit_code = EXIT_STORAGE
+
+class CheckpointError(TrainguardError):
+    """A checkpoint could not be saved, committed, verified or restored (the message says why)."""

@@ -278,6 +278,45 @@ def _discard_rest_of_line(fh: BinaryIO) -> bool:
             return True
 
 
+class _SkipSink:
+    """Where one file's skipped records go: the caller's collector, else a few warnings in the log."""
+
+    def __init__(self, collector: SkippedRecords | None) -> None:
+        self.collector = collector
+        self.logged = 0
+
+    def skip(self, item: SkippedRecord) -> None:
+        if self.collector is not None:
+            self.collector.add(item)
+            log.debug("skipped %s", item)
+            return
+        self.logged += 1
+        if self.logged <= _WARNINGS_PER_FILE:
+            log.warning("%s (skipped)", item)
+
+    def finish(self, p: Path) -> None:
+        if self.logged > _WARNINGS_PER_FILE:
+            log.warning("%s: %d more bad records skipped", p, self.logged - _WARNINGS_PER_FILE)
+
+
+def _numbered_lines(fh: BinaryIO, p: Path) -> Iterator[tuple[int, bytes | None, bool]]:
+    """``(line number, line, complete)`` per line. An over-long line comes as None, its rest discarded
+    unread, with ``complete`` saying whether its end was found. A read error raises `InputError`."""
+    line_no = 0
+    try:
+        while True:
+            raw = fh.readline(MAX_RECORD_BYTES + 1)
+            if not raw:
+                return
+            line_no += 1
+            if not raw.endswith(b"\n") and len(raw) > MAX_RECORD_BYTES:
+                yield line_no, None, _discard_rest_of_line(fh)
+            else:
+                yield line_no, raw, raw.endswith(b"\n")
+    except OSError as exc:
+        raise InputError(f"{p}:{line_no + 1}: cannot read: {exc.strerror}") from None
+
+
 def iter_events(
     path: str | os.PathLike[str],
     *,
@@ -298,57 +337,35 @@ def iter_events(
     """
     p = Path(path)
     name = str(p)
-    logged = 0
-
-    def skip(item: SkippedRecord) -> None:
-        nonlocal logged
-        if skipped is not None:
-            skipped.add(item)
-            log.debug("skipped %s", item)
-            return
-        logged += 1
-        if logged <= _WARNINGS_PER_FILE:
-            log.warning("%s (skipped)", item)
-
+    sink = _SkipSink(skipped)
     opened = _open_regular(p, Path(root) if root is not None else None)
     if isinstance(opened, str):
         if strict:
             raise InputError(f"{p}: {opened}")
-        skip(SkippedRecord(name, 0, opened))
+        sink.skip(SkippedRecord(name, 0, opened))
         return
     with opened as fh:
-        line_no = 0
-        try:
-            while True:
-                raw = fh.readline(MAX_RECORD_BYTES + 1)
-                if not raw:
+        for line_no, raw, complete in _numbered_lines(fh, p):
+            if raw is None:
+                err = EventFormatError(name, line_no, f"record longer than {MAX_RECORD_BYTES} bytes")
+                if strict and complete:
+                    raise err
+                sink.skip(SkippedRecord(name, line_no, err.reason))
+                continue
+            if not raw.strip():
+                continue
+            try:
+                record = parse_record(raw, name, line_no)
+            except EventFormatError as err:
+                if not complete:  # only the last line can lack its newline: a writer stopped mid-record
+                    sink.skip(SkippedRecord(name, line_no, "torn last record (writer stopped mid-write)"))
                     break
-                line_no += 1
-                complete = raw.endswith(b"\n")
-                if not complete and len(raw) > MAX_RECORD_BYTES:
-                    ended = _discard_rest_of_line(fh)
-                    err = EventFormatError(name, line_no, f"record longer than {MAX_RECORD_BYTES} bytes")
-                    if strict and ended:
-                        raise err
-                    skip(SkippedRecord(name, line_no, err.reason))
-                    continue
-                if not raw.strip():
-                    continue
-                try:
-                    record = parse_record(raw, name, line_no)
-                except EventFormatError as err:
-                    if not complete:  # only the last line can lack its newline: a writer stopped mid-record
-                        skip(SkippedRecord(name, line_no, "torn last record (writer stopped mid-write)"))
-                        break
-                    if strict:
-                        raise
-                    skip(SkippedRecord(name, line_no, err.reason))
-                    continue
-                yield line_no, record
-        except OSError as exc:
-            raise InputError(f"{p}:{line_no + 1}: cannot read: {exc.strerror}") from None
-    if logged > _WARNINGS_PER_FILE:
-        log.warning("%s: %d more bad records skipped", p, logged - _WARNINGS_PER_FILE)
+                if strict:
+                    raise
+                sink.skip(SkippedRecord(name, line_no, err.reason))
+                continue
+            yield line_no, record
+    sink.finish(p)
 
 
 def read_events(path: str | os.PathLike[str], *, skipped: SkippedRecords | None = None) -> list[Event]:

@@ -82,6 +82,32 @@ class AttemptStarted(Event):
     hosts: tuple[str, ...] = ()
     resume_step: int | None = None
     """Step of the checkpoint the workers were told to restore, if any."""
+    recovery: str = ""
+    """How the attempt's workers came up: ``""`` (not said: the first launch, older files), ``restart`` (every
+    worker launched anew) or ``in-process`` (surviving ranks re-entered their training function, only the
+    failed ranks got new processes; see `InProcessRecovery`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InProcessRecovery(Event):
+    """How an in-process restart ended: every rank formed the new process group, or the agent gave up on it
+    and restarted every worker (``fallback``)."""
+
+    TYPE: ClassVar[str] = "inprocess_recovery"
+    attempt: int
+    """The attempt the in-process restart opened."""
+    status: str
+    """``recovered`` or ``fallback``."""
+    ranks: tuple[int, ...] = ()
+    """Global ranks that got new processes."""
+    failure_kind: str = ""
+    """The failure it answered: ``crash``, ``exit`` or ``hang``."""
+    seconds: float = 0.0
+    """From the agent's start of the recovery to the complete process group (or to giving up)."""
+    warm_spares_used: int = 0
+    """How many of the new processes were warm spares (torch already imported) rather than cold starts."""
+    detail: str = ""
+    """Why it fell back, one line."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +255,8 @@ class FailureDetected(Event):
     TYPE: ClassVar[str] = "failure_detected"
     attempt: int
     kind: str
-    """``crash``, ``exit``, ``hang``, ``slow``, ``sdc``, ``unhealthy``, ``unknown``."""
+    """``crash``, ``exit``, ``hang``, ``slow``, ``sdc``, ``unhealthy``, ``node-lost`` (a whole node's agent stopped
+    beating: ``hosts`` names it, ``ranks`` are its ranks), ``unknown``."""
     ranks: tuple[int, ...] = ()
     """Ranks blamed by detection (the culprit where known, else the ranks seen failing)."""
     hosts: tuple[str, ...] = ()
@@ -253,7 +280,7 @@ class Diagnosis(Event):
     group: str = "Unknown"
     """Table 5 group: GPU, Host, Network, Dependency, Unplanned Maintenance, Unknown."""
     verdict: str = ""
-    """Localization verdict where one was made: hang, desync, mismatch, crash, p2p-hang, healthy."""
+    """Localization verdict where one was made: hang, desync, mismatch, crash, p2p-hang, healthy, node-lost."""
     culprit_ranks: tuple[int, ...] = ()
     culprit_hosts: tuple[str, ...] = ()
     confidence: float = 0.0
@@ -311,7 +338,26 @@ class StragglerDetected(Event):
     signal: str = ""
     """Evidence used: ``phases`` (own work vs. comm_wait) or ``flight-recorder`` (collective arrival times)."""
     action: str = "report"
-    """Policy applied: ``report`` or ``exclude-next-restart`` (the node leaves at the next restart)."""
+    """Policy applied: ``report``, ``exclude-next-restart`` (the node leaves at the next restart) or
+    ``restart-now`` (the node leaves now and a waiting spare takes its place)."""
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerAction(Event):
+    """What the straggler policy decided about a named straggler, and why (`trainguard.stragglers.watch`)."""
+
+    TYPE: ClassVar[str] = "straggler_action"
+    attempt: int
+    rank: int
+    node: str = ""
+    """Host (node id) of the slow rank."""
+    policy: str = ""
+    """Policy asked for: ``report``, ``exclude-next-restart`` or ``restart-now``."""
+    action: str = ""
+    """Action taken; ``exclude-next-restart`` when ``restart-now`` found no spare waiting."""
+    spares_waiting: int = 0
+    """Nodes waiting in the rendezvous to join (only counted under ``restart-now``)."""
     detail: str = ""
 
 
@@ -344,6 +390,7 @@ RECORD_TYPES: dict[str, type[Event]] = {
         RunEnded,
         AttemptStarted,
         AttemptEnded,
+        InProcessRecovery,
         PlannedInterruption,
         StepCompleted,
         StepSpan,
@@ -358,6 +405,7 @@ RECORD_TYPES: dict[str, type[Event]] = {
         HealthCheckResult,
         NodeExcluded,
         StragglerDetected,
+        StragglerAction,
         TelemetrySample,
     )
 }

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import re
 import sqlite3
 import stat
 import time
@@ -84,7 +83,6 @@ LEGACY_PREFIX = "legacy:"
 """Key prefix of runs carried over from the first layout (keyed by folder name); such a run is replaced
 when its folder is indexed again."""
 
-_XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
 HOST_KINDS = ("culprit", "failure", "excluded", "check_failed", "failed_attempt_member", "xid")
 # sqlite error names (Python 3.11+ puts them on the exception) that mean "this file is not a usable
 # database"; every other failure of the engine (full, read-only, I/O, locked, cannot open) is storage.
@@ -251,6 +249,13 @@ def run_identity(rd: RunDir, loaded: list[LoadedEvent]) -> tuple[str, str | None
     return f"anon@{h.hexdigest()[:16]}", None
 
 
+def _xid_codes(lines: tuple[str, ...]) -> list[int]:
+    """XID codes in a diagnosis's evidence lines, read with the classifier's XID pattern (the one parser)."""
+    from trainguard.classify import xid_code  # the rules load on the first diagnosis, not on import
+
+    return [code for code in map(xid_code, lines) if code is not None]
+
+
 def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str, str, float, str, str, str, int]]:
     """Per-host history rows derived from a run's (type-checked) events."""
     attempt_hosts: dict[int, tuple[str, ...]] = {}
@@ -264,10 +269,8 @@ def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str
         if isinstance(e, Diagnosis):
             for h in e.culprit_hosts:
                 yield (_text(h), run_uid, t, "culprit", _text(e.category), w, n)
-                for line in e.evidence:
-                    m = _XID.search(line)
-                    if m:
-                        yield (_text(h), run_uid, t, "xid", m.group(1), w, n)
+                for code in _xid_codes(e.evidence):
+                    yield (_text(h), run_uid, t, "xid", str(code), w, n)
         elif isinstance(e, FailureDetected):
             for h in e.hosts:
                 yield (_text(h), run_uid, t, "failure", _text(e.kind), w, n)

@@ -13,6 +13,7 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainguard.clocks import estimate_offsets, reference_host
@@ -33,9 +34,13 @@ from trainguard.events import (
     StepCompleted,
     StepSpan,
 )
+from trainguard.plausibility import ExcludedRecord, judge_records
 from trainguard.rundir import LoadedEvent, RunDir
 
 log = logging.getLogger(__name__)
+
+__all__ = ["BUCKETS", "PRODUCTIVE", "ExcludedRecord", "GoodputReport", "Interruption", "compute_goodput",
+           "judge_records"]
 
 PRODUCTIVE = "productive"
 # Badput buckets, in priority order: where intervals overlap, the earlier label wins.
@@ -71,26 +76,6 @@ class Interruption:
 
 LISTED = 100
 """Skipped and excluded records listed one by one in a report; beyond that only counted."""
-
-
-@dataclass(frozen=True)
-class ExcludedRecord:
-    """A record that parsed but cannot be true, left out of the accounting (docs/goodput.md)."""
-
-    writer: str
-    """Event file name without ``.jsonl``."""
-    line: int
-    """Line in that file (0 when the record did not come from a file)."""
-    type: str
-    """The record's type (``step_completed``, ...)."""
-    reason: str
-    """Which rule it broke, with the offending value."""
-
-    def __str__(self) -> str:
-        return f"{self.writer}:{self.line}: {self.type}: {self.reason}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"writer": self.writer, "line": self.line, "type": self.type, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -209,164 +194,261 @@ def _sweep(intervals: list[tuple[float, float, str, int]], lo: float, hi: float)
     return out
 
 
-# --- plausibility: records that parse but cannot be true ------------------------------------------
-#
-# One corrupt number must not rewrite the headline (an attempt of 10**9 made every step "lost
-# progress"; a duration of -1e9 stretched a step block). Such records are left out of the accounting
-# and listed in the report. The rules are documented in docs/goodput.md; each is far from anything a
-# real or simulated run writes.
-
-MAX_WORLD_SIZE = 10_000_000
-"""Largest world size, node count or rank number believed: far beyond any cluster built."""
-MAX_STEPS_PER_SECOND = 1e6
-"""A `StepSpan` claiming more steps per second than this is corrupt."""
-ATTEMPT_SLACK = 10
-"""Without usable ``attempt_started`` records, attempt numbers beyond (attempts seen + this) are corrupt."""
-STEP_FACTOR, STEP_SLACK = 2, 1000
-"""A step beyond ``STEP_FACTOR * reference + STEP_SLACK`` is corrupt; the reference is the second
-highest step number of the run (or ``target_steps`` if higher)."""
-TIME_MARGIN_FACTOR, TIME_MARGIN_FLOOR_SECONDS = 3.0, 3600.0
-"""A time further than ``max(FACTOR * core span, FLOOR)`` outside the core span of the run's record
-times (all times but the earliest and latest 2%, at least one each side) is corrupt."""
-DURATION_SLACK_SECONDS = 1.0
-"""A duration may exceed the run's wall time by this much (clock skew) before it is corrupt."""
-_DURATIONS = ("duration_seconds", "blocking_seconds", "total_seconds", "seconds", "detection_latency_seconds")
-_COUNTS = ("attempt", "rank", "step", "first_step", "last_step", "resume_step", "completed_steps", "target_steps")
-_SIZES = ("world_size", "nnodes", "rank")
+Interval = tuple[float, float, str, int]
+"""(start, end, label, owner attempt), seconds on the reference clock; the owner is the attempt whose
+interruption the time is charged to (-1: none)."""
 
 
-def _intrinsic_problem(e: Event) -> str | None:
-    """What is wrong with a record on its own, if anything."""
-    for name in _DURATIONS:
-        v = getattr(e, name, None)
-        if isinstance(v, (int, float)) and v < 0:
-            return f"negative {name} ({v:g})"
-    for name in _COUNTS:
-        v = getattr(e, name, None)
-        if isinstance(v, int) and v < 0:
-            return f"negative {name} ({v})"
-    for name in _SIZES:
-        v = getattr(e, name, None)
-        if isinstance(v, int) and v > MAX_WORLD_SIZE:
-            return f"{name} {v} beyond {MAX_WORLD_SIZE:,}"
-    if isinstance(e, StepSpan):
-        n = e.last_step - e.first_step + 1
-        if n < 1:
-            return f"last_step {e.last_step} before first_step {e.first_step}"
-        if n > 1 and n > e.duration_seconds * MAX_STEPS_PER_SECOND:
-            return f"{n} steps in {e.duration_seconds:g} s (more than {MAX_STEPS_PER_SECOND:g} steps per second)"
-    return None
+@dataclass(frozen=True)
+class _ReferenceClock:
+    """Record times moved onto the reference host's clock."""
+
+    offsets: dict[str, float]
+    """Seconds each host's clock runs ahead of the reference host's."""
+
+    def at(self, record: Event) -> float:
+        return record.time - self.offsets[record.host]
 
 
-def _attempt(e: Event) -> int | None:
-    value = getattr(e, "attempt", None)
-    return value if isinstance(value, int) else None
+@dataclass(frozen=True)
+class _Attempts:
+    """What the records say about each attempt, times on the reference clock."""
+
+    numbers: list[int]
+    """Attempt numbers in order (``[0]`` for a run that has none)."""
+    started: dict[int, float]
+    """When each attempt started (for runs without a supervisor: its first step, or the run start)."""
+    ended: dict[int, float]
+    """When each attempt with an ``attempt_ended`` record ended."""
+    end_reason: dict[int, str]
+    """The ``reason`` of that record."""
+    failures: dict[int, list[FailureDetected]]
+    """Failures detected in each attempt."""
+    planned: dict[int, PlannedInterruption]
+    """The planned interruption that ended an attempt, if one did."""
+    diagnoses: dict[int, Diagnosis]
+    """The most confident diagnosis of each attempt."""
+    save_starts: dict[tuple[int, int, int], float]
+    """When each checkpoint save began, by (attempt, rank, step)."""
+    blocks: dict[int, list[_Block]]
+    """Each attempt's step blocks, in time order."""
+    redo_from: dict[int, float]
+    """The first step a later attempt ran again: this attempt's executions of it and beyond were lost
+    (infinity when no later attempt ran a step)."""
+    previous: dict[int, int]
+    """The attempt before each one (-1 for the first): start-up and restore are charged to it."""
+    following: dict[int, int | None]
+    """The attempt after each one (None for the last)."""
+
+    def failures_of(self, attempt: int) -> list[FailureDetected]:
+        return self.failures.get(attempt, [])
 
 
-def _bounds(records: list[Event], t: Any) -> tuple[float, float]:
-    """The run's span before step starts are known: run_started (else the first record) to run_ended
-    (else the last record)."""
-    run_started = next((e for e in records if isinstance(e, RunStarted)), None)
-    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
-    lo = t(run_started) if run_started else min(t(e) for e in records)
-    hi = t(run_ended) if run_ended else max(t(e) for e in records)
-    return lo, hi
+def _load(run: RunDir | str | os.PathLike[str] | list[LoadedEvent],
+          skipped: SkippedRecords) -> tuple[list[LoadedEvent], str, Path | None]:
+    """The run's records, its id ("" for a bare list) and its directory (None for a bare list)."""
+    if isinstance(run, list):
+        return run, "", None
+    run_dir = run if isinstance(run, RunDir) else RunDir(run)
+    loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(run_dir.root, skipped=skipped)]
+    return loaded, run_dir.run_id, run_dir.root
 
 
-def judge_records(loaded: list[LoadedEvent]) -> tuple[list[LoadedEvent], list[ExcludedRecord]]:
-    """Split records into the plausible ones and the excluded ones (with the rule each broke)."""
-    excluded: list[ExcludedRecord] = []
+def _reading_warnings(skipped: SkippedRecords, excluded: list[ExcludedRecord]) -> list[str]:
+    warnings = []
+    if skipped.total:
+        warnings.append(f"{skipped.total} unreadable record(s) skipped (first: {skipped.items[0]}); "
+                        "see skipped_records")
+    if excluded:
+        warnings.append(f"{len(excluded)} implausible record(s) excluded from the accounting "
+                        f"(first: {excluded[0]}); see excluded_records")
+    return warnings
 
-    def keep_if(items: list[LoadedEvent], why: Any) -> list[LoadedEvent]:
-        kept = []
-        for item in items:
-            reason = why(item.record)
-            if reason is None:
-                kept.append(item)
-            else:
-                excluded.append(ExcludedRecord(item.writer, item.line, item.record.TYPE, reason))
-        return kept
 
-    items = keep_if(loaded, _intrinsic_problem)
+def _clock_warnings(offsets: dict[str, float], reference: str) -> list[str]:
+    return [f"clock of host {host!r} is {offset:+.3f} s off the reference host {reference!r}; corrected"
+            for host, offset in offsets.items() if abs(offset) > 1.0]
 
-    # Attempts: only the agent starts attempts, and it numbers them 0, 1, 2, ...
-    started = {e.attempt for e in (i.record for i in items) if isinstance(e, AttemptStarted)}
-    started_cap = len(started) + ATTEMPT_SLACK
-    believed = {a for a in started if a <= started_cap}
-    if believed:
-        last = max(believed)
 
-        def bad_attempt(e: Event) -> str | None:
-            a = _attempt(e)
-            if isinstance(e, AttemptStarted) and a is not None and a > started_cap:
-                return f"attempt {a} far beyond the {len(started)} attempts started"
-            if a is not None and a > last:
-                return f"attempt {a} was never started (the last attempt_started is for attempt {last})"
-            return None
+def _wall_span(records: list[Event], blocks: list[_Block], clock: _ReferenceClock,
+               run_started: RunStarted | None, run_ended: RunEnded | None) -> tuple[float, float]:
+    """run_started (else the first record or step start) to run_ended (else the last record)."""
+    start = clock.at(run_started) if run_started else min(min(clock.at(record) for record in records),
+                                                          min((block.start for block in blocks), default=float("inf")))
+    end = clock.at(run_ended) if run_ended else max(clock.at(record) for record in records)
+    return start, end
+
+
+def _redo_from(numbers: list[int], blocks: dict[int, list[_Block]]) -> dict[int, float]:
+    """For each attempt, the lowest first step of any later attempt: one backward pass."""
+    redo_from: dict[int, float] = {}
+    lowest_later = float("inf")
+    for attempt in reversed(numbers):
+        redo_from[attempt] = lowest_later
+        if blocks.get(attempt):
+            lowest_later = min(lowest_later, min(block.first for block in blocks[attempt]))
+    return redo_from
+
+
+def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _ReferenceClock,
+                      run_start: float) -> _Attempts:
+    started: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    end_reason: dict[int, str] = {}
+    failures: dict[int, list[FailureDetected]] = defaultdict(list)
+    planned: dict[int, PlannedInterruption] = {}
+    diagnoses: dict[int, Diagnosis] = {}
+    save_starts: dict[tuple[int, int, int], float] = {}
+    for record in records:
+        if isinstance(record, AttemptStarted):
+            started[record.attempt] = clock.at(record)
+        elif isinstance(record, AttemptEnded):
+            ended[record.attempt], end_reason[record.attempt] = clock.at(record), record.reason
+        elif isinstance(record, FailureDetected):
+            failures[record.attempt].append(record)
+        elif isinstance(record, PlannedInterruption):
+            planned[record.attempt] = record
+        elif isinstance(record, Diagnosis):
+            best = diagnoses.get(record.attempt)
+            if best is None or record.confidence > best.confidence:
+                diagnoses[record.attempt] = record
+        elif isinstance(record, CheckpointSaveStarted):
+            save_starts[(record.attempt, record.rank, record.step)] = clock.at(record)
+    by_attempt: dict[int, list[_Block]] = defaultdict(list)
+    for block in blocks:
+        by_attempt[block.attempt].append(block)
+    numbers = sorted(set(started) | set(by_attempt) | set(failures) | set(ended)) or [0]
+    for attempt in numbers:  # runs without a supervisor have no attempt records
+        first_step_start = min((block.start for block in by_attempt.get(attempt, [])), default=run_start)
+        started.setdefault(attempt, first_step_start if attempt else run_start)
+    return _Attempts(
+        numbers=numbers, started=started, ended=ended, end_reason=end_reason, failures=dict(failures),
+        planned=planned, diagnoses=diagnoses, save_starts=save_starts, blocks=dict(by_attempt),
+        redo_from=_redo_from(numbers, by_attempt),
+        previous={attempt: (numbers[index - 1] if index else -1) for index, attempt in enumerate(numbers)},
+        following={attempt: (numbers[index + 1] if index + 1 < len(numbers) else None)
+                   for index, attempt in enumerate(numbers)},
+    )
+
+
+def _step_intervals(blocks: list[_Block], redo_from: dict[int, float]) -> tuple[list[Interval], int]:
+    """Each block's kept steps are productive and its redone ones lost; also the last step kept."""
+    intervals: list[Interval] = []
+    completed = 0
+    for block in blocks:
+        steps = block.last - block.first + 1
+        kept = max(0, min(steps, int(min(redo_from[block.attempt], block.last + 1) - block.first)))
+        cut = block.start + (block.end - block.start) * kept / steps
+        if kept:
+            intervals.append((block.start, cut, PRODUCTIVE, block.attempt))
+            completed = max(completed, block.first + kept - 1)
+        if kept < steps:
+            intervals.append((cut, block.end, "lost_progress", block.attempt))
+    return intervals, completed
+
+
+def _failure_onset(attempts: _Attempts, attempt: int, clock: _ReferenceClock) -> float | None:
+    """When the fault that ended an attempt happened (detection time less latency), if one did."""
+    failures = attempts.failures_of(attempt)
+    if failures:
+        return min(clock.at(failure) - failure.detection_latency_seconds for failure in failures)
+    if attempt in attempts.planned:
+        return clock.at(attempts.planned[attempt])
+    return attempts.ended.get(attempt) if attempts.end_reason.get(attempt) == "failure" else None
+
+
+def _startup_interval(attempts: _Attempts, attempt: int, onset: float | None, run_start: float,
+                      run_end: float) -> Interval:
+    """From the attempt's start to its first step (or its end): charged to the attempt before."""
+    blocks = attempts.blocks.get(attempt, [])
+    if blocks:
+        startup_end = min(block.start for block in blocks)
     else:
-        seen = {a for a in (_attempt(i.record) for i in items) if a is not None}
-        cap = len(seen) + ATTEMPT_SLACK
+        startup_end = onset if onset is not None else attempts.ended.get(attempt, run_end)
+    begin = run_start if attempt == attempts.numbers[0] else attempts.started[attempt]
+    return begin, startup_end, "startup", attempts.previous[attempt]
 
-        def bad_attempt(e: Event) -> str | None:
-            a = _attempt(e)
-            return f"attempt {a} far beyond the {len(seen)} attempts seen" if a is not None and a > cap else None
 
-    items = keep_if(items, bad_attempt)
+def _restart_interval(attempts: _Attempts, attempt: int, onset: float | None,
+                      clock: _ReferenceClock) -> Interval | None:
+    """From detection (or the attempt's end) to the next attempt's start."""
+    following = attempts.following[attempt]
+    if following is None:
+        return None
+    detected = [clock.at(failure) for failure in attempts.failures_of(attempt)]
+    fallback = onset if onset is not None else attempts.started[following]
+    gap_from = min(detected) if detected else attempts.ended.get(attempt, fallback)
+    return gap_from, attempts.started[following], "restart", attempt
 
-    # Steps: executed step numbers climb from 1; one far beyond all the others is corrupt.
-    tops = sorted({e.step for e in (i.record for i in items) if isinstance(e, StepCompleted)}
-                  | {e.last_step for e in (i.record for i in items) if isinstance(e, StepSpan)})
-    if len(tops) >= 2:
-        target = max((e.target_steps or 0 for e in (i.record for i in items) if isinstance(e, RunStarted)), default=0)
-        limit = STEP_FACTOR * max(tops[-2], target) + STEP_SLACK
 
-        def bad_step(e: Event) -> str | None:
-            top = e.step if isinstance(e, StepCompleted) else e.last_step if isinstance(e, StepSpan) else 0
-            return f"step {top} absurdly beyond the others (next highest: {tops[-2]})" if top > limit else None
+def _attempt_intervals(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run_start: float,
+                       run_end: float) -> list[Interval]:
+    """Lost progress up to the fault, detection, start-up and the restart gap of one attempt."""
+    intervals: list[Interval] = []
+    redo = attempts.redo_from[attempt]
+    onset = _failure_onset(attempts, attempt, clock)
+    lost_from = [block.start + (block.end - block.start) * max(0, redo - block.first) / (block.last - block.first + 1)
+                 for block in attempts.blocks.get(attempt, []) if block.last >= redo]
+    if lost_from and onset is not None:
+        intervals.append((min(lost_from), onset, "lost_progress", attempt))
+    for failure in attempts.failures_of(attempt):
+        detected_at = clock.at(failure)
+        intervals.append((detected_at - failure.detection_latency_seconds, detected_at, "detection", attempt))
+    intervals.append(_startup_interval(attempts, attempt, onset, run_start, run_end))
+    restart = _restart_interval(attempts, attempt, onset, clock)
+    if restart is not None:
+        intervals.append(restart)
+    return intervals
 
-        items = keep_if(items, bad_step)
 
-    # Times: on the reference clock, far outside the span of the bulk of the run's records.
-    records = [i.record for i in items]
-    if len(records) >= 4:
-        offsets = estimate_offsets(records, reference_host(records))
-        times = sorted(e.time - offsets[e.host] for e in records)
-        k = max(1, len(times) // 50)
-        core_lo, core_hi = times[k], times[-1 - k]
-        margin = max(TIME_MARGIN_FACTOR * (core_hi - core_lo), TIME_MARGIN_FLOOR_SECONDS)
+def _checkpoint_intervals(records: list[Event], clock: _ReferenceClock, attempts: _Attempts) -> list[Interval]:
+    """Blocking part of each save; each restore, charged to the interruption before its attempt."""
+    intervals: list[Interval] = []
+    for record in records:
+        if isinstance(record, CheckpointSaveFinished):
+            key = (record.attempt, record.rank, record.step)
+            start = attempts.save_starts.get(key, clock.at(record) - record.total_seconds)
+            intervals.append((start, start + record.blocking_seconds, "checkpoint_save", record.attempt))
+        elif isinstance(record, CheckpointLoaded):
+            intervals.append((clock.at(record) - record.seconds, clock.at(record), "checkpoint_restore",
+                              attempts.previous.get(record.attempt, -1)))
+    return intervals
 
-        def bad_time(e: Event) -> str | None:
-            when = e.time - offsets[e.host]
-            off = core_lo - when if when < core_lo else when - core_hi
-            return f"time {e.time:.3f} lies {off:.0f} s outside the span of the run's records" if off > margin else None
 
-        items = keep_if(items, bad_time)
+def _tally(spent: dict[tuple[str, int], float]) -> tuple[dict[str, float], dict[int, float]]:
+    """Seconds per label, and the seconds each attempt's interruption cost."""
+    by_label: dict[str, float] = defaultdict(float)
+    by_owner: dict[int, float] = defaultdict(float)
+    for (label, owner), seconds in spent.items():
+        by_label[label] += seconds
+        if label not in (PRODUCTIVE, "other", "checkpoint_save", "straggler"):
+            by_owner[owner] += seconds
+    return by_label, by_owner
 
-    # The run's end before its start, and durations longer than the whole run.
-    records = [i.record for i in items]
-    if records:
-        offsets = estimate_offsets(records, reference_host(records))
 
-        def t(e: Event) -> float:
-            return e.time - offsets[e.host]
-
-        start = next((e for e in records if isinstance(e, RunStarted)), None)
-        if start is not None:
-            items = keep_if(items, lambda e: "ends before the run started"
-                            if isinstance(e, RunEnded) and t(e) < t(start) else None)
-            records = [i.record for i in items]
-        lo, hi = _bounds(records, t)
-        wall = hi - lo
-
-        def too_long(e: Event) -> str | None:
-            for name in _DURATIONS:
-                v = getattr(e, name, None)
-                if isinstance(v, (int, float)) and v > wall + DURATION_SLACK_SECONDS:
-                    return f"{name} {v:g} s longer than the whole run ({wall:.3f} s)"
-            return None
-
-        items = keep_if(items, too_long)
-    return items, excluded
+def _interruption(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run_start: float,
+                  time_lost: float) -> Interruption | None:
+    """The interruption that ended an attempt: its first failure seen, else its planned stop."""
+    failures = attempts.failures_of(attempt)
+    if failures:
+        first = min(failures, key=clock.at)
+        diagnosis = attempts.diagnoses.get(attempt)
+        return Interruption(
+            time_seconds=clock.at(first) - run_start, attempt=attempt, kind=first.kind, planned=False,
+            step=first.step, ranks=first.ranks, hosts=first.hosts,
+            detection_latency_seconds=first.detection_latency_seconds,
+            category=diagnosis.category if diagnosis else "Unknown", group=diagnosis.group if diagnosis else "Unknown",
+            culprit_ranks=diagnosis.culprit_ranks if diagnosis else (),
+            culprit_hosts=diagnosis.culprit_hosts if diagnosis else (),
+            verdict=diagnosis.verdict if diagnosis else "", time_lost_seconds=time_lost,
+        )
+    if attempt in attempts.planned:
+        return Interruption(
+            time_seconds=clock.at(attempts.planned[attempt]) - run_start, attempt=attempt, kind="planned",
+            planned=True, step=None, ranks=(), hosts=(), detection_latency_seconds=0.0, category="Planned",
+            group="Planned", culprit_ranks=(), culprit_hosts=(), verdict="", time_lost_seconds=time_lost,
+        )
+    return None
 
 
 def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) -> GoodputReport:
@@ -376,166 +458,47 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
     excluded (`judge_records`); both are listed in the report and counted in its warnings.
     """
     skipped = SkippedRecords(keep=LISTED)
-    root = None
-    if isinstance(run, list):
-        loaded, run_id = run, ""
-    else:
-        rd = run if isinstance(run, RunDir) else RunDir(run)
-        root = rd.root
-        loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(rd.root, skipped=skipped)]
-        run_id = rd.run_id
+    loaded, run_id, root = _load(run, skipped)
     loaded, excluded = judge_records(loaded)
     if not loaded:
         example = f", first: {excluded[0]}" if excluded else ""
         raise InputError(f"{run_id or 'run'}: no plausible events ({len(excluded)} excluded{example})")
     records = [item.record for item in loaded]
-    warnings: list[str] = []
-    if skipped.total:
-        warnings.append(f"{skipped.total} unreadable record(s) skipped (first: {skipped.items[0]}); "
-                        "see skipped_records")
-    if excluded:
-        warnings.append(f"{len(excluded)} implausible record(s) excluded from the accounting "
-                        f"(first: {excluded[0]}); see excluded_records")
-    ref = reference_host(records)
-    offsets = estimate_offsets(records, ref)
-    for host, off in offsets.items():
-        if abs(off) > 1.0:
-            warnings.append(f"clock of host {host!r} is {off:+.3f} s off the reference host {ref!r}; corrected")
-
-    def t(e: Event) -> float:
-        return e.time - offsets[e.host]
-
-    run_started = next((e for e in records if isinstance(e, RunStarted)), None)
-    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
-    blocks = _blocks(records, offsets)
-    all_times = [t(e) for e in records] + [b.start for b in blocks]
-    lo = t(run_started) if run_started else min(all_times)
-    hi = t(run_ended) if run_ended else max(t(e) for e in records)
+    reference = reference_host(records)
+    offsets = estimate_offsets(records, reference)
+    clock = _ReferenceClock(offsets)
+    warnings = _reading_warnings(skipped, excluded) + _clock_warnings(offsets, reference)
+    run_started = next((record for record in records if isinstance(record, RunStarted)), None)
+    run_ended = next((record for record in records if isinstance(record, RunEnded)), None)
     if run_ended is None:
         warnings.append("the run has no run_ended record: accounted up to its last event")
-    if run_id == "" and run_started:
-        run_id = run_started.run_id
+    blocks = _blocks(records, offsets)
+    run_start, run_end = _wall_span(records, blocks, clock, run_started, run_ended)
+    attempts = _collect_attempts(records, blocks, clock, run_start)
 
-    attempt_start: dict[int, float] = {}
-    attempt_end: dict[int, float] = {}
-    attempt_reason: dict[int, str] = {}
-    failures: dict[int, list[FailureDetected]] = defaultdict(list)
-    planned: dict[int, PlannedInterruption] = {}
-    diagnoses: dict[int, Diagnosis] = {}
-    save_starts: dict[tuple[int, int, int], float] = {}
-    for e in records:
-        if isinstance(e, AttemptStarted):
-            attempt_start[e.attempt] = t(e)
-        elif isinstance(e, AttemptEnded):
-            attempt_end[e.attempt], attempt_reason[e.attempt] = t(e), e.reason
-        elif isinstance(e, FailureDetected):
-            failures[e.attempt].append(e)
-        elif isinstance(e, PlannedInterruption):
-            planned[e.attempt] = e
-        elif isinstance(e, Diagnosis):
-            if e.attempt not in diagnoses or e.confidence > diagnoses[e.attempt].confidence:
-                diagnoses[e.attempt] = e
-        elif isinstance(e, CheckpointSaveStarted):
-            save_starts[(e.attempt, e.rank, e.step)] = t(e)
-    attempts = sorted(set(attempt_start) | {b.attempt for b in blocks} | set(failures) | set(attempt_end))
-    if not attempts:
-        attempts = [0]
-    for a in attempts:  # runs without a supervisor have no attempt records
-        attempt_start.setdefault(a, min([b.start for b in blocks if b.attempt == a], default=lo) if a else lo)
-
-    # The first step each later attempt ran: earlier executions of that step onward were redone.
-    first_step = {a: min((b.first for b in blocks if b.attempt == a), default=None) for a in attempts}
-    redo_from: dict[int, float] = {}
-    for a in attempts:
-        later = [s for b, s in first_step.items() if b > a and s is not None]
-        redo_from[a] = min(later) if later else float("inf")
-
-    def onset(a: int) -> float | None:
-        if failures[a]:
-            return min(t(f) - f.detection_latency_seconds for f in failures[a])
-        if a in planned:
-            return t(planned[a])
-        return attempt_end.get(a) if attempt_reason.get(a) == "failure" else None
-
-    # Start-up and restore of an attempt are the cost of the interruption that ended the one before.
-    previous = {a: (attempts[i - 1] if i else -1) for i, a in enumerate(attempts)}
-    iv: list[tuple[float, float, str, int]] = []
-    completed = 0
-    for b in blocks:
-        n = b.last - b.first + 1
-        kept = max(0, min(n, int(min(redo_from[b.attempt], b.last + 1) - b.first)))
-        cut = b.start + (b.end - b.start) * kept / n
-        if kept:
-            iv.append((b.start, cut, PRODUCTIVE, b.attempt))
-            completed = max(completed, b.first + kept - 1)
-        if kept < n:
-            iv.append((cut, b.end, "lost_progress", b.attempt))
-    for a in attempts:
-        lost = [b.start + (b.end - b.start) * max(0, redo_from[a] - b.first) / (b.last - b.first + 1)
-                for b in blocks if b.attempt == a and b.last >= redo_from[a]]
-        o = onset(a)
-        if lost and o is not None:
-            iv.append((min(lost), o, "lost_progress", a))
-        for f in failures[a]:
-            iv.append((t(f) - f.detection_latency_seconds, t(f), "detection", a))
-        first_start = min((b.start for b in blocks if b.attempt == a), default=None)
-        startup_end = first_start if first_start is not None else (o if o is not None else attempt_end.get(a, hi))
-        begin = lo if a == attempts[0] else attempt_start[a]
-        iv.append((begin, startup_end, "startup", previous[a]))
-        nxt = [b for b in attempts if b > a]
-        if nxt:
-            detected = [t(f) for f in failures[a]]
-            gap_from = min(detected) if detected else attempt_end.get(a, o if o is not None else attempt_start[nxt[0]])
-            iv.append((gap_from, attempt_start[nxt[0]], "restart", a))
-    iv.extend(_straggler_intervals(records, root, redo_from))
-    for e in records:
-        if isinstance(e, CheckpointSaveFinished):
-            start = save_starts.get((e.attempt, e.rank, e.step), t(e) - e.total_seconds)
-            iv.append((start, start + e.blocking_seconds, "checkpoint_save", e.attempt))
-        elif isinstance(e, CheckpointLoaded):
-            iv.append((t(e) - e.seconds, t(e), "checkpoint_restore", previous.get(e.attempt, -1)))
-
-    spent = _sweep(iv, lo, hi)
-    by_label: dict[str, float] = defaultdict(float)
-    by_owner: dict[int, float] = defaultdict(float)
-    for (label, owner), secs in spent.items():
-        by_label[label] += secs
-        if label not in (PRODUCTIVE, "other", "checkpoint_save", "straggler"):
-            by_owner[owner] += secs
-
-    interruptions: list[Interruption] = []
-    for a in attempts:
-        d = diagnoses.get(a)
-        if failures[a]:  # one interruption per attempt: the first failure seen ends it
-            first = min(failures[a], key=t)
-            interruptions.append(Interruption(
-                time_seconds=t(first) - lo, attempt=a, kind=first.kind, planned=False, step=first.step,
-                ranks=first.ranks, hosts=first.hosts, detection_latency_seconds=first.detection_latency_seconds,
-                category=d.category if d else "Unknown", group=d.group if d else "Unknown",
-                culprit_ranks=d.culprit_ranks if d else (), culprit_hosts=d.culprit_hosts if d else (),
-                verdict=d.verdict if d else "", time_lost_seconds=by_owner.get(a, 0.0),
-            ))
-        elif a in planned:
-            interruptions.append(Interruption(
-                time_seconds=t(planned[a]) - lo, attempt=a, kind="planned", planned=True, step=None, ranks=(),
-                hosts=(), detection_latency_seconds=0.0, category="Planned", group="Planned", culprit_ranks=(),
-                culprit_hosts=(), verdict="", time_lost_seconds=by_owner.get(a, 0.0),
-            ))
+    intervals, completed = _step_intervals(blocks, attempts.redo_from)
+    for attempt in attempts.numbers:
+        intervals.extend(_attempt_intervals(attempts, attempt, clock, run_start, run_end))
+    intervals.extend(_straggler_intervals(records, root, attempts.redo_from))
+    intervals.extend(_checkpoint_intervals(records, clock, attempts))
+    by_label, by_owner = _tally(_sweep(intervals, run_start, run_end))
+    interruptions = [found for found in (_interruption(attempts, attempt, clock, run_start, by_owner.get(attempt, 0.0))
+                                         for attempt in attempts.numbers) if found is not None]
 
     return GoodputReport(
-        run_id=run_id,
+        run_id=run_id or (run_started.run_id if run_started else ""),
         status=run_ended.status if run_ended else "incomplete",
         synthetic=bool(run_started and run_started.synthetic),
-        wall_seconds=hi - lo,
+        wall_seconds=run_end - run_start,
         productive_seconds=by_label[PRODUCTIVE],
-        badput_seconds={k: by_label[k] for k in BUCKETS},
-        attempts=len(attempts),
+        badput_seconds={bucket: by_label[bucket] for bucket in BUCKETS},
+        attempts=len(attempts.numbers),
         completed_steps=completed,
         target_steps=run_started.target_steps if run_started else None,
         interruptions=interruptions,
-        steps_per_second=_throughput(blocks, lo, hi),
+        steps_per_second=_throughput(blocks, run_start, run_end),
         root_causes=_root_causes(interruptions),
-        clock_offsets_seconds={h: o for h, o in offsets.items() if o},
+        clock_offsets_seconds={host: offset for host, offset in offsets.items() if offset},
         warnings=warnings,
         skipped_records=list(skipped.items),
         skipped_records_total=skipped.total,

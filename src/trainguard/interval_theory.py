@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import math
 
+AUTO_FORMULA = "daly"
+"""What ``auto`` means wherever an interval policy accepts it (checkpointer, simulator, planner): Daly's
+higher-order optimum, which is closer than Young's to the true optimum when the save cost is not small
+next to the MTBF, and equal to it to first order otherwise (docs/decisions.md)."""
+
 
 def young_seconds(cost_seconds: float, mtbf_seconds: float) -> float:
     """Young's first-order optimum sqrt(2 C M)."""

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-DIRECT_KINDS = ("culprit", "failure", "excluded", "check_failed", "xid")
 INCIDENT_WINDOW_SECONDS = 300.0
 """Records of one host in the same run within this window count as one incident."""
 
@@ -77,14 +76,13 @@ class HostScore:
 
 
 def _xid_kind(detail: str) -> str:
-    from trainguard.classify import default_rules
+    from trainguard.classify import is_hardware_xid
 
     try:
         code = int(detail)
     except ValueError:
         return "xid_hardware"
-    rule = default_rules().xid_rule(code)
-    return "xid_application" if rule is not None and rule.tier != "hardware" else "xid_hardware"
+    return "xid_hardware" if is_hardware_xid(code) else "xid_application"
 
 
 def score_hosts(records: Iterable[HostRecordLike], *, policy: LemonPolicy | None = None,

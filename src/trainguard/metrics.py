@@ -107,58 +107,77 @@ class RunMetrics:
         return new
 
     def _apply(self, e: Event) -> None:
+        # One isinstance chain (not a table) so each handler sees its record's own type.
         if isinstance(e, RunStarted):
             self.run_id = e.run_id
             self.attempt_start.setdefault(0, e.time)
         elif isinstance(e, AttemptStarted):
-            self.attempt_start[e.attempt] = e.time
-            if e.attempt >= self.attempt:
-                self.attempt, self.step = e.attempt, e.resume_step or 0
-            for a in list(self.failures) + list(self.planned):
-                if a < e.attempt:
-                    self._settle(a)
+            self._attempt_started(e)
         elif isinstance(e, (StepCompleted, StepSpan)):
-            first, last = (e.step, e.step) if isinstance(e, StepCompleted) else (e.first_step, e.last_step)
-            if (e.attempt, last) not in self._seen_steps:
-                self._seen_steps.add((e.attempt, last))
-                self._done.append((e.time, last - first + 1, e.attempt))
-            if e.attempt == self.attempt:
-                self.step = max(self.step, last)
-            elif e.attempt > self.attempt:
-                self.attempt, self.step = e.attempt, last
+            self._steps_done(e)
         elif isinstance(e, FailureDetected):
-            if e.attempt not in self.failures:
-                self.failures[e.attempt] = e
-                self.failures_by_kind[e.kind] += 1
+            self._failed(e)
         elif isinstance(e, PlannedInterruption):
             self.planned.add(e.attempt)
         elif isinstance(e, Diagnosis):
-            best = self.diagnoses.get(e.attempt)
-            if best is None or e.confidence > best.confidence:
-                self.diagnoses[e.attempt] = e
-            for host in e.culprit_hosts:
-                self._suspect(host, e.attempt, "culprit")
+            self._diagnosed(e)
         elif isinstance(e, AttemptEnded):
             if e.reason in ("failure", "planned"):
                 self._settle(e.attempt)
         elif isinstance(e, RunEnded):
-            for a in list(self.failures) + list(self.planned):
-                self._settle(a)
+            self._settle_before(None)
         elif isinstance(e, CheckpointSaveStarted):
             self.save_started.setdefault((e.attempt, e.step), e.time)
         elif isinstance(e, CheckpointSaveFinished):
-            s = self.saves.setdefault((e.attempt, e.step), {"time": e.time, "ok": True, "blocking": 0.0,
-                                                            "total": 0.0, "step": e.step})
-            s["time"] = max(s["time"], e.time)
-            s["ok"] = s["ok"] and e.ok
-            s["blocking"] = max(s["blocking"], e.blocking_seconds)
-            s["total"] = max(s["total"], e.total_seconds)
+            self._save_finished(e)
         elif isinstance(e, NodeExcluded):
             self._suspect(e.node, e.attempt, "excluded")
         elif e.TYPE == "straggler_detected":
             node = getattr(e, "node", "")
             if isinstance(node, str) and node:
                 self._suspect(node, getattr(e, "attempt", None), "straggler")
+
+    def _failed(self, e: FailureDetected) -> None:
+        if e.attempt not in self.failures:  # the first failure ends the attempt
+            self.failures[e.attempt] = e
+            self.failures_by_kind[e.kind] += 1
+
+    def _attempt_started(self, e: AttemptStarted) -> None:
+        self.attempt_start[e.attempt] = e.time
+        if e.attempt >= self.attempt:
+            self.attempt, self.step = e.attempt, e.resume_step or 0
+        self._settle_before(e.attempt)
+
+    def _settle_before(self, attempt: int | None) -> None:
+        """Settle every interrupted attempt before ``attempt`` (all of them for None)."""
+        for a in list(self.failures) + list(self.planned):
+            if attempt is None or a < attempt:
+                self._settle(a)
+
+    def _steps_done(self, e: StepCompleted | StepSpan) -> None:
+        first, last = (e.step, e.step) if isinstance(e, StepCompleted) else (e.first_step, e.last_step)
+        if (e.attempt, last) not in self._seen_steps:
+            self._seen_steps.add((e.attempt, last))
+            self._done.append((e.time, last - first + 1, e.attempt))
+        if e.attempt == self.attempt:
+            self.step = max(self.step, last)
+        elif e.attempt > self.attempt:
+            self.attempt, self.step = e.attempt, last
+
+    def _diagnosed(self, e: Diagnosis) -> None:
+        best = self.diagnoses.get(e.attempt)
+        if best is None or e.confidence > best.confidence:
+            self.diagnoses[e.attempt] = e
+        for host in e.culprit_hosts:
+            self._suspect(host, e.attempt, "culprit")
+
+    def _save_finished(self, e: CheckpointSaveFinished) -> None:
+        s = self.saves.setdefault((e.attempt, e.step), {"time": e.time, "ok": True, "blocking": 0.0,
+                                                        "total": 0.0, "step": e.step})
+        s["time"] = max(s["time"], e.time)
+        s["ok"] = s["ok"] and e.ok
+        s["blocking"] = max(s["blocking"], e.blocking_seconds)
+        s["total"] = max(s["total"], e.total_seconds)
 
     def _settle(self, attempt: int) -> None:
         """Count an interruption once its attempt is over, with the diagnosis it ended with."""

@@ -324,3 +324,21 @@ def _is_regular(fd: int) -> bool:
     import stat
 
     return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+# --- in-process restart -------------------------------------------------------------------------------
+
+INPROCESS_STORE_ENV = "TRAINGUARD_INPROCESS_STORE"
+"""``host:port`` of the agent's in-process store; set only when the agent runs with ``--in-process``."""
+INPROCESS_TIMEOUT_ENV = "TRAINGUARD_INPROCESS_TIMEOUT_SECONDS"
+"""How long a surviving rank waits for the agent's next attempt before it gives up and exits."""
+INPROCESS_ATTEMPT_ENV = ("TRAINGUARD_ATTEMPT", "TRAINGUARD_HEARTBEAT_DIR", "TRAINGUARD_EVIDENCE_DIR")
+"""The variables that change from one attempt to the next; survivors of an in-process restart take the new
+attempt's values from the store (``env`` key) since the agent cannot change a running process's environment."""
+
+
+def inprocess_key(attempt: int, name: str) -> str:
+    """A key of the in-process store: ``next`` (the attempt that follows this one, set by the agent),
+    ``env`` (JSON of `INPROCESS_ATTEMPT_ENV` for this attempt), ``joined`` (ranks that formed this attempt's
+    process group), ``pg/`` (prefix of the process group's own keys)."""
+    return f"trainguard/inprocess/attempt-{attempt}/{name}"

@@ -1,32 +1,22 @@
-"""Thermal and power telemetry: per-host samplers (NVML GPUs, /sys CPUs) and what their samples explain.
+"""Thermal and power telemetry: per-host samplers (NVML GPUs, /sys CPUs) that write `TelemetrySample` records.
 
-Sources read devices into `TelemetrySample` records (the agent writes them to ``events/telemetry-<node>.jsonl``
-every few seconds); the pure functions below correlate them with throughput, flag clock throttling on a
-slow host, and build the job's power curve. No torch; NVML through pynvml's interface (the real module or
-`trainguard.health.fake.FakeNvml`).
+The agent writes them to ``events/telemetry-<node>.jsonl`` every few seconds; what they explain is computed by
+the pure `trainguard.thermal` (throughput, throttling) and `trainguard.power` (the job's power curve). No torch;
+NVML through pynvml's interface (the real module or `trainguard.health.fake.FakeNvml`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainguard.events import (
-    AttemptEnded,
-    AttemptStarted,
-    CheckpointSaveFinished,
     Event,
-    FailureDetected,
-    RunEnded,
-    RunStarted,
-    StepCompleted,
     TelemetrySample,
 )
 
@@ -218,135 +208,3 @@ def default_sources(nvml: Any = None) -> list[Source]:
     if cpu.available():
         out.append(cpu)
     return out
-
-
-# --- analysis (pure) --------------------------------------------------------------------------------
-
-
-def throttle_names(mask: int | None) -> list[str]:
-    """The throttling reasons set in an NVML clocks-event mask."""
-    return [name for bit, name in THROTTLE_BITS.items() if mask and mask & bit]
-
-
-@dataclass(frozen=True)
-class ThrottleFinding:
-    """Whether a host's clocks were held down while it was slow, and why."""
-
-    host: str
-    """The host judged."""
-    throttled: bool
-    """Clock throttling explains (part of) the slowness."""
-    reasons: tuple[str, ...]
-    """NVML reasons seen, or ``clock below max`` / ``clock below other hosts`` from clocks alone."""
-    clock_mhz: float | None
-    """Median clock of the host over the window."""
-    reference_clock_mhz: float | None
-    """Its max clock, or the other hosts' median clock."""
-    temperature_c: float | None
-    """Median temperature of the host over the window."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "throttled": self.throttled, "reasons": list(self.reasons),
-                "clock_mhz": self.clock_mhz, "reference_clock_mhz": self.reference_clock_mhz,
-                "temperature_c": self.temperature_c}
-
-
-def _med(xs: Iterable[float | None]) -> float | None:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
-
-
-def throttling(samples: Sequence[TelemetrySample], host: str, start: float, end: float) -> ThrottleFinding | None:
-    """Judge ``host`` over ``[start, end]``; None when it has no sample then."""
-    mine = [s for s in samples if s.host == host and start <= s.time <= end]
-    if not mine:
-        return None
-    reasons: set[str] = set()
-    for s in mine:
-        reasons.update(throttle_names(s.throttle_reasons))
-    clock, top = _med(s.clock_mhz for s in mine), _med(s.max_clock_mhz for s in mine)
-    others = _med(s.clock_mhz for s in samples if s.host != host and start <= s.time <= end
-                  and s.source == mine[0].source)
-    ref = others if others is not None else top
-    if clock is not None and ref is not None and clock < THROTTLED_CLOCK_RATIO * ref:
-        reasons.add("clock below other hosts" if others is not None else "clock below max")
-    # NVML reasons alone do not convict: power-cap bits are set on busy healthy GPUs at full clock.
-    held = clock is not None and ref is not None and clock < THROTTLED_CLOCK_RATIO * ref
-    thermal = any("thermal" in r or "HW slowdown" in r or "brake" in r for r in reasons)
-    return ThrottleFinding(host, held or thermal, tuple(sorted(reasons)), clock, ref,
-                           _med(s.temperature_c for s in mine))
-
-
-def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    if len(xs) < 3:
-        return None
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sx = math.sqrt(sum((x - mx) ** 2 for x in xs))
-    sy = math.sqrt(sum((y - my) ** 2 for y in ys))
-    if sx == 0 or sy == 0:
-        return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / (sx * sy)
-
-
-def summarize(records: Sequence[Event], bin_seconds: float = 60.0) -> dict[str, Any]:
-    """Telemetry section of `trainguard stragglers --json`: throughput vs temperature and clock, throughput by
-    hour of day (UTC), and the job power curve with its largest swings and their likely cause."""
-    samples = [e for e in records if isinstance(e, TelemetrySample)]
-    steps = [e for e in records if isinstance(e, StepCompleted)]
-    out: dict[str, Any] = {"samples": len(samples), "hosts": sorted({s.host for s in samples})}
-    if not samples:
-        return out
-    lo = min(min(s.time for s in samples), min((e.time for e in steps), default=math.inf))
-    bins: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for s in samples:
-        b = bins[int((s.time - lo) // bin_seconds)]
-        if s.temperature_c is not None:
-            b["temp"].append(s.temperature_c)
-        if s.clock_mhz is not None:
-            b["clock"].append(s.clock_mhz)
-    step_counts: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for e in steps:
-        step_counts[int((e.time - lo) // bin_seconds)].add((e.attempt, e.step))
-    keys = sorted(k for k in bins if k in step_counts)
-    rate = [len(step_counts[k]) / bin_seconds for k in keys]
-    for name, key in (("temperature", "temp"), ("clock", "clock")):
-        pairs = [(statistics.fmean(bins[k][key]), r) for k, r in zip(keys, rate, strict=True) if bins[k][key]]
-        out[f"throughput_vs_{name}"] = _pearson([p[0] for p in pairs], [p[1] for p in pairs])
-    by_hour: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for e in steps:
-        by_hour[time.gmtime(e.time).tm_hour].add((e.attempt, e.step))
-    out["steps_by_hour_utc"] = {str(h): len(v) for h, v in sorted(by_hour.items())}
-    out["power"] = power_curve(records, bin_seconds=bin_seconds)
-    return out
-
-
-def power_curve(records: Sequence[Event], bin_seconds: float = 60.0, swings: int = 3) -> dict[str, Any]:
-    """Job power per time bin (sum over devices of each device's mean draw in the bin) and its largest
-    changes, each with the nearest lifecycle event as the likely cause."""
-    samples = [e for e in records if isinstance(e, TelemetrySample) and e.power_watts is not None]
-    if not samples:
-        return {"series": [], "largest_swings": [], "devices": 0}
-    lo = min(s.time for s in samples)
-    per: dict[int, dict[tuple[str, str], list[float]]] = defaultdict(lambda: defaultdict(list))
-    for s in samples:
-        per[int((s.time - lo) // bin_seconds)][(s.host, s.device)].append(float(s.power_watts or 0.0))
-    series = [(lo + k * bin_seconds, sum(statistics.fmean(v) for v in per[k].values())) for k in sorted(per)]
-    causes: list[tuple[float, str]] = []
-    for e in records:
-        if isinstance(e, FailureDetected):
-            causes.append((e.time, f"failure ({e.kind})"))
-        elif isinstance(e, CheckpointSaveFinished):
-            causes.append((e.time, "checkpoint"))
-        elif isinstance(e, (AttemptStarted, RunStarted)):
-            causes.append((e.time, "start or restart"))
-        elif isinstance(e, (AttemptEnded, RunEnded)):
-            causes.append((e.time, "stop"))
-    deltas = [(series[i][0], series[i][1] - series[i - 1][1]) for i in range(1, len(series))]
-    deltas.sort(key=lambda d: -abs(d[1]))
-    top = []
-    for t, d in deltas[:swings]:
-        near = [c for c in causes if t - 2 * bin_seconds <= c[0] <= t + bin_seconds]
-        cause = min(near, key=lambda c: abs(c[0] - t))[1] if near else "unknown"
-        top.append({"t": t, "delta_watts": d, "cause": cause})
-    return {"series": [{"t": t, "watts": w} for t, w in series], "largest_swings": top,
-            "devices": len({(s.host, s.device) for s in samples})}

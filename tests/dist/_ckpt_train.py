@@ -108,7 +108,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from trainguard.checkpoint import Checkpointer, CheckpointError, IntervalPolicy, WriteHooks
+    from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, IntervalPolicy, WriteHooks
     from trainguard.eventlog import EventWriter
 
     torch.set_num_threads(1)
@@ -146,14 +146,10 @@ def main() -> int:
 
     hooks = StepFaults()
     events = EventWriter(args.events) if args.events else None
-    ckpt = Checkpointer(
-        args.dir,
-        events=events,
-        keep_last=10,
-        interval=IntervalPolicy.every_steps(args.save_every),
-        hooks=hooks if mine else None,
-        timeout_seconds=args.ckpt_timeout,
+    config = CheckpointConfig(
+        keep_last=10, interval=IntervalPolicy.every_steps(args.save_every), timeout_seconds=args.ckpt_timeout
     )
+    ckpt = Checkpointer(args.dir, config, events=events, hooks=hooks if mine else None)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

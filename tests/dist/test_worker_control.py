@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.localize import safe_unpickle
 from trainguard.protocol import read_heartbeat
 from trainguard.worker.control import request
 
@@ -74,11 +74,12 @@ def test_dump_answers_while_the_main_thread_is_blocked_in_a_collective(tmp_path:
                 break
             time.sleep(0.2)
         assert beat and beat.phase == "comm_wait" and beat.source == "script", beat
-        time.sleep(0.5)
-        reply = request(procs[1].pid, {"cmd": "dump"}, timeout_seconds=30)
-        assert reply["ok"] and reply["step"] == 1 and reply["phase"] == "comm_wait"
-        dump = pickle.loads((out / "fr_trace_rank_1.pkl").read_bytes())
-        status = dump["pg_status"]["0"]
+        # The phase is set just before all_reduce is called: ask until the recorder shows it enqueued.
+        status: dict[str, int] = {}
+        while time.time() < deadline and status.get("last_enqueued_collective") != 2:
+            reply = request(procs[1].pid, {"cmd": "dump"}, timeout_seconds=30)
+            assert reply["ok"] and reply["step"] == 1 and reply["phase"] == "comm_wait"
+            status = safe_unpickle((out / "fr_trace_rank_1.pkl").read_bytes())["pg_status"]["0"]
         assert status["last_enqueued_collective"] == 2 and status["last_completed_collective"] == 1
         stacks = (out / "stacks_rank_1.txt").read_text()
         assert "all_reduce" in stacks and "trainguard-control" in stacks
@@ -186,12 +187,14 @@ def test_slow_and_endless_clients_do_not_block_the_agent_nor_burn_cpu(tmp_path: 
     proc, _ = _control_worker(tmp_path, os.getpid())
     slow_closed_after: list[float] = []
     streamed: list[int] = []
+    connected = [threading.Event(), threading.Event()]  # each client has sent its first bytes
 
     def slow() -> None:  # one byte, then silence: must be cut at the 2 s deadline
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(f"\0trainguard-{proc.pid}")
             t0 = time.monotonic()
             s.sendall(b"{")
+            connected[0].set()
             s.settimeout(15)
             with contextlib.suppress(OSError):
                 s.recv(10)
@@ -205,8 +208,11 @@ def test_slow_and_endless_clients_do_not_block_the_agent_nor_burn_cpu(tmp_path: 
             try:
                 while sent < 64 << 20:
                     sent += s.send(b"x" * 65536)
+                    connected[1].set()  # streaming has begun
             except OSError:
                 pass
+            finally:
+                connected[1].set()  # or the worker already hung up: either way it saw this client first
         streamed.append(sent)
 
     try:
@@ -214,7 +220,9 @@ def test_slow_and_endless_clients_do_not_block_the_agent_nor_burn_cpu(tmp_path: 
         threads = [threading.Thread(target=slow), threading.Thread(target=endless)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        # both clients are connected ahead of the agent's request, so a worker serving one connection at a
+        # time would make the agent wait for them
+        assert all(e.wait(10) for e in connected)
         t0 = time.monotonic()
         reply = request(proc.pid, {"cmd": "dump"}, timeout_seconds=5)
         assert reply["ok"] and time.monotonic() - t0 < 1.5, reply

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_GPT = ROOT / "examples" / "train_gpt.py"
+TRAIN_GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64"]
 TINY_DEMO = "d_model=32,layers=1,heads=2,seq=16,batch=4,vocab=64"
 

@@ -143,6 +143,18 @@ def test_healthy_run_is_never_killed(tmp_path: Path, script: Path) -> None:
     assert rep["attempts"] == 1
 
 
+def test_a_rank_that_finished_first_is_not_a_frozen_rank(tmp_path: Path) -> None:
+    # Rank 1 spends 12 s after training (no steps, no collectives, process group never destroyed, so no "done"
+    # phase) while rank 0 has exited: rank 0's heartbeat
+    # thread ended with its process, which once read as "stopped writing heartbeats" and restarted a finished job.
+    proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20, extra=("--linger-rank", "1", "--linger-seconds", "12",
+                                                                       "--no-destroy"))
+    _wait(proc, tmp_path)
+    agent = events(run_dir, "agent-")
+    assert of_type(agent, "failure_detected") == []
+    assert len(of_type(agent, "attempt_started")) == 1
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_kill_9_of_a_rank(tmp_path: Path, script: Path) -> None:
     proc, run_dir, _ = _launch(tmp_path, script, steps=50)

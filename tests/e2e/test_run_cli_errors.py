@@ -74,6 +74,14 @@ def test_bad_input_is_one_line_and_an_exit_code(args: list[str], code: int, word
     (["--event-log-handler", "console"], "--event-log-handler"),
     (["--signals-to-handle", "SIGNOPE"], "unknown signal"),
     (["--inject", "crash@step=1,rank=x"], "--inject"),
+    # Checked by SupervisorConfig/WatchdogConfig themselves; the CLI rewords the field as the flag.
+    (["--hang-multiplier", "0"], "--hang-multiplier must be a positive number"),
+    (["--first-step-allowance", "nan"], "--first-step-allowance must be a positive number"),
+    (["--checkpoint-allowance", "-5"], "--checkpoint-allowance must be a positive number"),
+    (["--node-lost-timeout", "1"], "--node-lost-timeout must be a number from 2 to 3600"),
+    (["--no-progress-attempts", "-1"], "--no-progress-attempts must be a whole number from 1 to 10000"),
+    (["--max-restarts", "10001"], "--max-restarts must be a whole number from 0 to 10000"),
+    (["--rdzv-last-call", "0"], "--rdzv-last-call must be a whole number from 1 to 86400"),
     (["--nproc-per-node", "2", "--inject", "hang@step=3,rank=2"], "rank 2 does not exist"),
 ])
 def test_bad_torchrun_style_values_create_nothing(args: list[str], words: str, tmp_path: Path) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,22 @@ def _store_up(endpoint: str) -> bool:
     host, port = endpoint.rsplit(":", 1)
     with socket.socket() as s:
         return s.connect_ex((host, int(port))) == 0
+
+
+def _nodes_waiting(endpoint: str, run_id: str) -> int:
+    """Nodes that joined the c10d rendezvous but have no place in the running round (torch's wait list, or
+    its redundancy list when the round is at the maximum), read from the store as torch's agents do."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    host, port = endpoint.rsplit(":", 1)
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+    found = C10dRendezvousBackend(store, run_id).get_state()
+    # torch's own pickled _RendezvousState from the job's store: trusted, unlike a dump from a worker
+    if found is None:
+        return 0
+    state = pickle.loads(found[0])
+    return len(state.wait_list) + len(getattr(state, "redundancy_list", ()))
 
 
 def _agent_records(run_dir: Path, node: str) -> list[dict[str, Any]]:
@@ -84,7 +102,7 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
         start("node2")
         _wait("the spare's health checks",
               lambda: any(r["type"] == "health_check" for r in _agent_records(run_dir, "node2")), procs)
-        time.sleep(1.0)  # the spare joins the rendezvous right after its checks; it is now waiting
+        _wait("the spare to wait in the rendezvous", lambda: _nodes_waiting(endpoint, "spares") > 0, procs)
         assert not of_type(_agent_records(run_dir, "node2"), "attempt_started")  # no room for it yet
         _kill_worker_of_rank(run_dir, 0, procs)
         codes = {node: p.wait(timeout=90) for node, p in procs.items()}

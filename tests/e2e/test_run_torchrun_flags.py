@@ -153,3 +153,16 @@ def test_default_run_ids_differ_for_runs_started_in_the_same_second(tmp_path: Pa
     dirs = {json.loads(o)["run_dir"] for o, _ in outs}
     assert len(dirs) == 2
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(Path(d).name for d in dirs)
+
+
+def test_signals_to_handle_reach_torch_for_the_run_only(tmp_path: Path) -> None:
+    # torch's agent reads the list from its process environment; the workers inherit that environment,
+    # so they show what the agent used. The CLI process itself is not changed for good (tests/unit).
+    script = tmp_path / "show_signals.py"
+    script.write_text("import os\nprint('signals', os.environ.get('TORCHELASTIC_SIGNALS_TO_HANDLE'), flush=True)\n")
+    res = trainguard("run", "--signals-to-handle", "SIGUSR1, SIGTERM", *QUICK, "--run-dir", str(tmp_path / "run"),
+                     str(script))
+    _ok(res)
+    assert re.search(r"^\[rank0\]: signals SIGUSR1,SIGTERM$", res.out + res.err, re.MULTILINE), res.err[-2000:]
+    config = of_type(events(tmp_path / "run", "agent-"), "run_started")[0]["config"]
+    assert config["signals_to_handle"] == "SIGUSR1, SIGTERM"

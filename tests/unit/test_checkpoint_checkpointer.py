@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard.checkpoint import Checkpointer, CheckpointError, DiskQuota, IntervalPolicy, latest_step, read_manifest
+from trainguard.checkpoint import (
+    CheckpointConfig,
+    Checkpointer,
+    CheckpointError,
+    DiskQuota,
+    IntervalPolicy,
+    latest_step,
+    read_manifest,
+)
 from trainguard.eventlog import EventWriter, read_events
 from trainguard.events import (
     CheckpointLoaded,
@@ -40,7 +48,7 @@ def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> dic
 def test_round_trip_restores_everything_in_place(tmp_path: Path, async_save: bool) -> None:
     model, opt = _model()
     events = EventWriter(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(tmp_path / "ckpt", events=events, async_save=async_save, attempt=2)
+    ckpt = Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=async_save), events=events, attempt=2)
     rng = torch.get_rng_state()
     ckpt.save(7, _state(model, opt, 7))
     ckpt.close()
@@ -87,7 +95,7 @@ def test_full_disk_in_the_background_raises_at_the_next_call_and_keeps_older(tmp
     model, opt = _model()
     quota = DiskQuota()
     events = EventWriter(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(tmp_path / "ckpt", events=events, hooks=quota, keep_last=1)
+    ckpt = Checkpointer(tmp_path / "ckpt", CheckpointConfig(keep_last=1), events=events, hooks=quota)
     ckpt.save(1, _state(model, opt, 1))
     ckpt.wait()
     quota.remaining = 64
@@ -107,7 +115,7 @@ def test_full_disk_in_the_background_raises_at_the_next_call_and_keeps_older(tmp
 def test_corrupt_newest_falls_back_to_older(tmp_path: Path) -> None:
     model, opt = _model()
     events = EventWriter(tmp_path / "events.jsonl")
-    with Checkpointer(tmp_path / "ckpt", events=events, async_save=False) as ckpt:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False), events=events) as ckpt:
         ckpt.save(1, _state(model, opt, 1))
         ckpt.save(2, _state(model, opt, 2))
     shard = tmp_path / "ckpt" / "step-2" / "__0_0.distcp"
@@ -124,7 +132,7 @@ def test_corrupt_newest_falls_back_to_older(tmp_path: Path) -> None:
 
 def test_structure_mismatch_raises_instead_of_starting_over(tmp_path: Path) -> None:
     model, opt = _model()
-    with Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False)) as ckpt:
         ckpt.save(1, _state(model, opt, 1))
     other = torch.nn.Linear(4, 5)
     with pytest.raises(CheckpointError, match=r"model\.weight"):
@@ -161,14 +169,8 @@ def test_empty_or_uncommitted_directory_restores_nothing(tmp_path: Path) -> None
 
 def test_retention_and_interval(tmp_path: Path) -> None:
     events = EventWriter(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(
-        tmp_path / "ckpt",
-        async_save=True,
-        keep_last=2,
-        keep_every=4,
-        events=events,
-        interval=IntervalPolicy.every_steps(2),
-    )
+    config = CheckpointConfig(async_save=True, keep_last=2, keep_every=4, interval=IntervalPolicy.every_steps(2))
+    ckpt = Checkpointer(tmp_path / "ckpt", config, events=events)
     x = torch.arange(6.0)
     saved = []
     for step in range(1, 11):
@@ -190,7 +192,7 @@ def test_retention_and_interval(tmp_path: Path) -> None:
 def test_auto_policy_records_measured_cost(tmp_path: Path) -> None:
     events = EventWriter(tmp_path / "events.jsonl")
     policy = IntervalPolicy.auto(mtbf_seconds=3600, save_cost_seconds=100)
-    ckpt = Checkpointer(tmp_path / "ckpt", events=events, interval=policy)
+    ckpt = Checkpointer(tmp_path / "ckpt", CheckpointConfig(interval=policy), events=events)
     assert not ckpt.should_save(1)  # the interval (minutes) has not passed
     ckpt.save(1, {"x": torch.ones(3)})
     ckpt.wait()  # measured blocking cost (milliseconds) replaces the 100 s guess
@@ -204,7 +206,7 @@ def test_auto_policy_records_measured_cost(tmp_path: Path) -> None:
 
 
 def test_manifest_is_plain_json_with_versions(tmp_path: Path) -> None:
-    with Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False)) as ckpt:
         ckpt.save(3, {"x": torch.ones(2, dtype=torch.bfloat16), "note": "hello"})
     data = json.loads((tmp_path / "ckpt" / "step-3" / "manifest.json").read_text())
     assert data["format"] == "trainguard-checkpoint" and data["step"] == 3
@@ -213,7 +215,7 @@ def test_manifest_is_plain_json_with_versions(tmp_path: Path) -> None:
 
 
 def test_crc32_checkpoints_verify_and_unverifiable_ones_are_kept(tmp_path: Path) -> None:
-    with Checkpointer(tmp_path / "ckpt", async_save=False, checksum="crc32") as ckpt:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False, checksum="crc32")) as ckpt:
         ckpt.save(1, {"x": torch.ones(3)})
     assert read_manifest(tmp_path / "ckpt" / "step-1").checksum_algorithm == "crc32"
     target = {"x": torch.zeros(3)}
@@ -224,11 +226,11 @@ def test_crc32_checkpoints_verify_and_unverifiable_ones_are_kept(tmp_path: Path)
         Checkpointer(tmp_path / "ckpt").restore(target)
     assert (tmp_path / "ckpt" / "step-1").exists()  # not proof of damage: left in place
     with pytest.raises(ValueError, match="not available"):
-        Checkpointer(tmp_path / "other", checksum="blake9")
+        CheckpointConfig(checksum="blake9")
 
 
 def test_rank_local_state_needs_the_same_world_size(tmp_path: Path) -> None:
-    with Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False)) as ckpt:
         ckpt.save(1, {"x": torch.ones(2), "rank_local": {"position": 1}})
     path = tmp_path / "ckpt" / "step-1" / "manifest.json"
     data = json.loads(path.read_text())
@@ -249,7 +251,7 @@ def test_with_a_real_process_group(tmp_path: Path) -> None:
     try:
         with pytest.raises(ValueError, match="own gloo group"):
             Checkpointer(tmp_path / "ckpt", process_group=dist.GroupMember.WORLD)
-        ckpt = Checkpointer(tmp_path / "ckpt", interval=IntervalPolicy.every_seconds(3600))
+        ckpt = Checkpointer(tmp_path / "ckpt", CheckpointConfig(interval=IntervalPolicy.every_seconds(3600)))
         assert not ckpt.should_save(1)  # time policy: decided on rank 0, broadcast on the control group
         ckpt.save(1, {"x": torch.arange(4.0), "rank_local": {"position": 1}})
         ckpt.close()

@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from trainguard.checkpoint import Checkpointer, latest_step
+from trainguard.checkpoint import CheckpointConfig, Checkpointer, latest_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -36,10 +36,10 @@ def _value(step: int) -> torch.Tensor:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``ckpt/`` with steps 1 and 2, and ``outside/step-2``: a valid checkpoint with other values."""
     root = tmp_path_factory.mktemp("fuzz")
-    with Checkpointer(root / "ckpt", async_save=False, keep_last=10) as ckpt:
+    with Checkpointer(root / "ckpt", CheckpointConfig(async_save=False, keep_last=10)) as ckpt:
         ckpt.save(1, {"x": _value(1), "meta": {"step": 1}})
         ckpt.save(2, {"x": _value(2), "meta": {"step": 2}})
-    with Checkpointer(root / "outside", async_save=False) as other:
+    with Checkpointer(root / "outside", CheckpointConfig(async_save=False)) as other:
         other.save(2, {"x": _value(99), "meta": {"step": 99}})
     return root
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainguard.checkpoint import Checkpointer, latest_step
+from trainguard.checkpoint import CheckpointConfig, Checkpointer, latest_step
 from trainguard.checkpoint.checksum import file_checksum
 from trainguard.eventlog import EventWriter, read_events
 from trainguard.events import CheckpointRejected
@@ -30,7 +30,7 @@ def _value(step: int) -> torch.Tensor:
 
 
 def _save(directory: Path, *steps: int) -> None:
-    with Checkpointer(directory, async_save=False, keep_last=10) as ckpt:
+    with Checkpointer(directory, CheckpointConfig(async_save=False, keep_last=10)) as ckpt:
         for step in steps:
             ckpt.save(step, {"x": _value(step), "note": f"step {step}"})
 

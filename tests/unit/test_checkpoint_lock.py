@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard.checkpoint import Checkpointer, CheckpointError
+from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 from trainguard.checkpoint.lock import acquire, current_owner
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Job A: a real Checkpointer that saved once and stays alive (mid-run) until told to go.
 _HOLDER = """
 import sys, torch
-from trainguard.checkpoint import Checkpointer
-ckpt = Checkpointer(sys.argv[1], async_save=False)
+from trainguard.checkpoint import CheckpointConfig, Checkpointer
+ckpt = Checkpointer(sys.argv[1], CheckpointConfig(async_save=False))
 ckpt.save(1, {"x": torch.ones(3)})
 print("ready", flush=True)
 sys.stdin.readline()
@@ -81,7 +81,7 @@ def test_second_job_is_refused_and_a_dead_holder_frees_the_directory(
 
 
 def test_checkpointers_of_one_process_share_the_directory(tmp_path: Path) -> None:
-    saver = Checkpointer(tmp_path / "ckpt", async_save=False)
+    saver = Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False))
     saver.save(1, {"x": torch.ones(2)})
     reader = Checkpointer(tmp_path / "ckpt")  # same job (e.g. a restore helper): allowed
     target = {"x": torch.zeros(2)}

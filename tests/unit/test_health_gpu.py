@@ -1,4 +1,4 @@
-"""GPU checks against a fake NVML with pynvml's interface (this machine has no GPU)."""
+"""GPU checks against a fake NVML with pynvml's interface: every GPU state, on any machine."""
 
 from __future__ import annotations
 

@@ -146,3 +146,30 @@ def test_low_severity_check_failures_never_make_a_lemon() -> None:
     [s] = score_hosts(rows, now=NOW)
     assert not s.flagged and s.score == pytest.approx(1.0) and s.incidents == 1
     assert s.counts == {"check_failed_low": 50, "check_failed": 1}
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+    "Nov 30 09:00:01 node-7 kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=0, DBE (0x1) 172",
+    "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception",
+    "training log: Xid: 79 mentioned in a comment",  # not the driver's line: no XID for anyone
+    "xid 79",
+])
+def test_classifier_database_and_lemon_score_read_xids_alike(tmp_path: Path, line: str) -> None:
+    """One XID parser: the database records a code exactly when the classifier reads the line as that XID,
+    and the lemon score weighs it as the classifier's rule tier says."""
+    c = classify_text(line, "kern.log")
+    xid_rules = [e.rule for e in c.evidence if e.rule.startswith("xid-")]
+    rd = RunDir(tmp_path / "run").create()
+    with rd.writer("agent-node-a") as w:
+        w.write(RunStarted(time=NOW, host="node-a", run_id="run", world_size=1, nnodes=1))
+        w.write(Diagnosis(time=NOW + 1, host="node-a", attempt=0, category=c.category, group=c.group,
+                          culprit_hosts=("node-a",), confidence=0.9, evidence=(line,)))
+    with FleetDB(tmp_path / "fleet.db") as db:
+        db.index_run(rd)
+        rows = [r for r in db.host_history("node-a") if r.kind == "xid"]
+    assert [f"xid-{r.detail}" for r in rows] == xid_rules
+    counts = score_hosts(rows, now=NOW).pop().counts if rows else {}
+    hardware = {"xid-79": True, "xid-48": True, "xid-13": False}
+    for rule in xid_rules:
+        assert counts == ({"xid_hardware": 1} if hardware[rule] else {"xid_application": 1})

@@ -262,11 +262,11 @@ def test_fifo_named_like_a_dump_does_not_hang(tmp_path: Path) -> None:
 def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with the RLIMIT_DATA cap (where the kernel enforces it) and with the opcode walk that
     replaces it elsewhere."""
-    from trainguard.localize import reader
+    from trainguard.localize import unpickle
 
-    if request.param == "cap" and not reader._cap_enforced():
+    if request.param == "cap" and not unpickle._cap_enforced():
         pytest.skip("RLIMIT_DATA is not enforced here")
-    monkeypatch.setattr(reader, "_cap_state", [request.param == "cap"])
+    monkeypatch.setattr(unpickle, "_cap_state", [request.param == "cap"])
     return str(request.param)
 
 
@@ -290,10 +290,10 @@ def test_real_dumps_decode_the_same_either_way(guard: str) -> None:
 
 
 def test_the_cap_is_lifted_after_each_decode() -> None:
-    from trainguard.localize import DumpError, reader
+    from trainguard.localize import DumpError, unpickle
 
     resource = pytest.importorskip("resource")
-    if not reader._cap_enforced():
+    if not unpickle._cap_enforced():
         pytest.skip("RLIMIT_DATA is not enforced here")
     before = resource.getrlimit(resource.RLIMIT_DATA)
     safe_unpickle(pickle.dumps({"a": [1, 2]}, protocol=2))

@@ -40,14 +40,14 @@ def test_metrics_of_a_running_job(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainguard", "run", "--nproc-per-node", "2", "--metrics-port", str(port),
          "--run-dir", str(tmp_path / "run"), "--no-health-checks", "--inject", "crash@step=30,rank=1", "-q",
-         str(ROOT / "examples" / "train_gpt.py"), "--steps", "300", "--ckpt-every", "10", *TINY],
+         str(ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"), "--steps", "300", "--ckpt-every", "10", *TINY],
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     seen: list[dict] = []
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
             s = scrape(port)
-            if s is not None:
+            if s:  # None: not listening yet; {}: listening, not yet following the run (MetricsServer.follow)
                 seen.append(s)
             time.sleep(0.2)
         assert proc.wait(60) == 0, (tmp_path / "run.log").read_text()[-3000:]

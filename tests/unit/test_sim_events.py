@@ -100,3 +100,25 @@ def test_power_series_of_the_trial(llama_trial) -> None:
                 (p.step_average_watts, p.collective_wait_watts, p.checkpointing_watts, p.restarting_watts)}
     assert levels <= expected and len(levels) >= 3
     assert written.power_swing_mw == pytest.approx(16384 * (p.step_average_watts - p.restarting_watts) / 1e6)
+
+
+def test_a_trial_with_inprocess_warm_and_memory_recovery_reports_alike(tmp_path: Path) -> None:
+    """Recovery schemes change only phase lengths, so `report` still accounts the written trial as the
+    simulator did; in-process recoveries have no CheckpointLoaded (their restore is inside the restart)."""
+    from trainguard.goodput import compute_goodput
+
+    policy = PolicyConfig(checkpoint_total_seconds=90, inprocess_share=0.5, inprocess_restart_seconds=8,
+                          warm_start_seconds=20, memory_checkpoint="peer", memory_restore_seconds=2)
+    plain = write_trial(tmp_path / "plain", load_model("llama3"), JobConfig(gpus=16384, days=7), PolicyConfig(
+        checkpoint_total_seconds=90), seed=5)
+    written = write_trial(tmp_path / "run", load_model("llama3"), JobConfig(gpus=16384, days=7), policy, seed=5)
+    report = compute_goodput(tmp_path / "run")
+    assert abs(report.productive_seconds / report.wall_seconds - written.ettr) <= 0.005 * written.ettr
+    assert written.ettr > plain.ettr + 0.03  # restarts of 8-140 s instead of 600 s, about 54 of them
+    records = [e.record for e in RunDir(tmp_path / "run").load()]
+    loads = [e for e in records if isinstance(e, CheckpointLoaded)]
+    # from a peer's memory copy (2 s) or, for network, SDC and planned stops, from storage (120 s; a
+    # restore cut short by the next failure is shorter)
+    seconds = {round(e.seconds, 6) for e in loads}
+    assert {2.0, 120.0} <= seconds and max(seconds) <= 120.0
+    assert sum(isinstance(e, FailureDetected) for e in records) > len(loads)  # in-process: no load record

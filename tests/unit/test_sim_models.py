@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.errors import InputError, UsageError
+from trainguard.sim.errors import ModelError, ModelFileError
 from trainguard.sim.models import TABLE5_GROUPS, builtin_models, load_model, parse_model
 
 TABLE5 = {
@@ -75,22 +75,22 @@ def test_user_file_loads(tmp_path: Path) -> None:
         ('name = "x"\n', "at least one"),
     ],
 )
-def test_bad_values_are_usage_errors(tmp_path: Path, text: str, needle: str) -> None:
-    with pytest.raises(UsageError) as exc:
+def test_bad_values_are_model_errors(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ModelError) as exc:
         load_model(_write(tmp_path, text))
     assert needle in str(exc.value)
     assert "\n" not in str(exc.value)
 
 
-def test_malformed_toml_is_input_error(tmp_path: Path) -> None:
-    with pytest.raises(InputError) as exc:
+def test_malformed_toml_is_a_model_file_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError) as exc:
         load_model(_write(tmp_path, "[[failure]\ncategory = \n"))
     assert "malformed TOML" in str(exc.value)
     assert "\n" not in str(exc.value)
 
 
 def test_unknown_model_name() -> None:
-    with pytest.raises(UsageError, match="unknown failure model"):
+    with pytest.raises(ModelError, match="unknown failure model"):
         load_model("nosuchmodel")
 
 

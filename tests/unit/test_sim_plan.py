@@ -79,3 +79,37 @@ def test_calibration_recovers_the_inputs_of_a_simulated_run(tmp_path: Path) -> N
     assert cal.relaunch_seconds == pytest.approx(45.0)
     assert cal.restart_overhead_seconds == pytest.approx(420.0)
     assert cal.samples["restarts"] > 10 and math.isfinite(cal.samples["steps"])
+
+
+def test_calibration_measures_inprocess_restarts_apart(tmp_path: Path) -> None:
+    """Attempts opened by an in-process restart are timed apart from full restarts, and the in-process
+    outcomes give the share that did not fall back (records of the supervisor's in-process path)."""
+    import dataclasses
+
+    from trainguard import events as ev
+    from trainguard.rundir import RunDir
+
+    fields = {f.name for f in dataclasses.fields(ev.AttemptStarted)}
+    if "recovery" not in fields or not hasattr(ev, "InProcessRecovery"):
+        pytest.skip("this checkout's event language has no in-process restart records yet")
+    out: list[ev.Event] = [ev.AttemptStarted(time=0.0, attempt=0)]
+    t = 0.0
+    # attempt k fails at t+100; the next attempt's first step starts 2 s later (in-process) or 9 s later (full)
+    for k, (path, gap) in enumerate([("in-process", 2.0), ("restart", 9.0), ("in-process", 3.0),
+                                     ("in-process", 4.0), ("restart", 11.0)]):
+        out.append(ev.StepCompleted(time=t + 1.0, attempt=k, rank=0, step=1, duration_seconds=1.0))
+        t += 100.0
+        out.append(ev.FailureDetected(time=t, attempt=k, kind="crash"))
+        out.append(ev.AttemptStarted(time=t + gap / 2, attempt=k + 1, recovery=path))
+        if path == "in-process":
+            out.append(ev.InProcessRecovery(time=t + gap / 2, attempt=k + 1, outcome="recovered", seconds=gap / 2))
+        t += gap
+        out.append(ev.StepCompleted(time=t + 1.0, attempt=k + 1, rank=0, step=2, duration_seconds=1.0))
+    out.append(ev.InProcessRecovery(time=t + 5, attempt=9, outcome="fallback"))
+    with RunDir(tmp_path / "r").create().writer("agent-x") as writer:
+        writer.write_all(out)
+    cal = calibrate_from_run(tmp_path / "r")
+    assert cal.inprocess_restart_seconds == pytest.approx(3.0)  # median of 2, 3, 4
+    assert cal.restart_overhead_seconds == pytest.approx(10.0)  # median of 9, 11
+    assert cal.inprocess_share == pytest.approx(3 / 4)
+    assert cal.samples["inprocess_restarts"] == 3 and cal.samples["restarts"] == 2

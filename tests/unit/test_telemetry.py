@@ -1,20 +1,13 @@
-"""Telemetry sources (NVML fake, a fake /sys), the sampler, throttling judgement and the power curve."""
+"""Telemetry sources (NVML fake, a fake /sys), the sampler, and the throttling judgement on their samples."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from trainguard.events import (
-    CheckpointSaveFinished,
-    Event,
-    FailureDetected,
-    StepCompleted,
-    TelemetrySample,
-)
+from trainguard.events import Event, TelemetrySample
 from trainguard.health.fake import FakeGpu, FakeNvml
-from trainguard.telemetry import CpuSource, GpuSource, Sampler, power_curve, summarize, throttling
+from trainguard.telemetry import CpuSource, GpuSource, Sampler
+from trainguard.thermal import throttling
 
 
 def test_gpu_source_reads_every_gpu_and_tolerates_unsupported_values() -> None:
@@ -93,34 +86,3 @@ def test_throttling_is_named_from_reasons_or_clocks_and_not_from_power_cap_at_fu
     slowclk = throttling(samples, "slowclk", 0, 100)
     assert slowclk is not None and slowclk.throttled and slowclk.reasons == ("clock below other hosts",)
     assert throttling(samples, "absent", 0, 100) is None
-
-
-def test_power_curve_finds_the_swing_and_its_cause() -> None:
-    recs: list[Event] = []
-    for k in range(10):
-        watts = 600.0 if k < 5 else 100.0
-        recs += [TelemetrySample(time=60.0 * k + 1, host=f"n{h}", source="gpu", device="gpu0", power_watts=watts)
-                 for h in range(4)]
-    recs.append(FailureDetected(time=60.0 * 5, attempt=0, kind="crash"))
-    recs.append(CheckpointSaveFinished(time=60.0 * 2, attempt=0, rank=0, step=3, blocking_seconds=1, total_seconds=1))
-    curve = power_curve(recs)
-    assert curve["devices"] == 4 and len(curve["series"]) == 10
-    top = curve["largest_swings"][0]
-    assert top["delta_watts"] == pytest.approx(-2000.0) and top["cause"] == "failure (crash)"
-
-
-def test_throughput_correlates_with_temperature_when_heat_slows_steps() -> None:
-    recs: list[Event] = []
-    step = 0
-    for k in range(10):
-        temp = 60.0 + 3 * k
-        recs.append(TelemetrySample(time=60.0 * k + 30, host="n", source="gpu", device="gpu0", temperature_c=temp,
-                                    clock_mhz=1980.0 - 20 * k))
-        for _ in range(30 - 2 * k):  # hotter bins complete fewer steps
-            step += 1
-            recs.append(StepCompleted(time=60.0 * k + 1 + 0.5 * (step % 50), host="n", attempt=0, rank=0, step=step,
-                                      duration_seconds=1.0))
-    doc = summarize(recs)
-    assert doc["throughput_vs_temperature"] < -0.9
-    assert doc["throughput_vs_clock"] > 0.9
-    assert sum(doc["steps_by_hour_utc"].values()) == step

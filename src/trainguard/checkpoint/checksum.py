@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 try:
     import xxhash
-except ImportError:  # pragma: no cover - xxhash is a declared dependency of the torch extra
+except ImportError:  # pragma: no cover - xxhash is a core dependency
     xxhash = None  # type: ignore[assignment]
 
 READ_CHUNK = 8 << 20

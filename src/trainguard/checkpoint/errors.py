@@ -1,11 +1,10 @@
-"""The error the checkpointer raises: a save or restore that cannot be trusted."""
+"""The error the checkpointer raises: a save or restore that cannot be trusted.
+
+Defined with the rest of the exception tree in `trainguard.errors` (importable without torch).
+"""
 
 from __future__ import annotations
 
-from trainguard.errors import EXIT_STORAGE, TrainguardError
+from trainguard.errors import CheckpointError
 
-
-class CheckpointError(TrainguardError):
-    """A checkpoint could not be saved, committed, verified or restored (the message says why)."""
-
-    exit_code = EXIT_STORAGE
+__all__ = ["CheckpointError"]

@@ -8,15 +8,17 @@ This module is pure: no torch, no clocks of its own (callers pass ``now``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from trainguard.interval_theory import daly_seconds, young_seconds
 
 POLICIES = ("steps", "seconds", "young", "daly")
+"""Valid values of `IntervalPolicy.policy`."""
 
 
-young_interval = young_seconds
-daly_interval = daly_seconds
+def _positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,35 @@ class IntervalPolicy:
     change_threshold: float = 0.1
     """A recomputed interval is adopted (and reported) only when it moves by more than this fraction."""
 
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"IntervalPolicy.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy == "steps" and (
+            not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1
+        ):
+            raise ValueError(f"IntervalPolicy.steps must be an integer >= 1 for policy 'steps', got {self.steps!r}")
+        if self.policy == "seconds" and not _positive(self.seconds):
+            raise ValueError(f"IntervalPolicy.seconds must be > 0 for policy 'seconds', got {self.seconds!r}")
+        if self.policy in ("young", "daly") and not _positive(self.mtbf_seconds):
+            raise ValueError(
+                f"IntervalPolicy.mtbf_seconds must be > 0 for policy {self.policy!r}, got {self.mtbf_seconds!r}"
+            )
+        if not (math.isfinite(self.save_cost_seconds) and self.save_cost_seconds >= 0):
+            raise ValueError(f"IntervalPolicy.save_cost_seconds must be >= 0, got {self.save_cost_seconds!r}")
+        if not (_positive(self.min_seconds) and _positive(self.max_seconds) and self.min_seconds <= self.max_seconds):
+            raise ValueError(
+                f"IntervalPolicy.min_seconds and max_seconds must be > 0 with min <= max, "
+                f"got {self.min_seconds!r} and {self.max_seconds!r}"
+            )
+        if not (math.isfinite(self.change_threshold) and self.change_threshold >= 0):
+            raise ValueError(f"IntervalPolicy.change_threshold must be >= 0, got {self.change_threshold!r}")
+
     @classmethod
     def every_steps(cls, steps: int) -> IntervalPolicy:
-        if steps < 1:
-            raise ValueError(f"checkpoint interval must be >= 1 step, got {steps}")
         return cls(policy="steps", steps=steps)
 
     @classmethod
     def every_seconds(cls, seconds: float) -> IntervalPolicy:
-        if not seconds > 0:
-            raise ValueError(f"checkpoint interval must be > 0 seconds, got {seconds}")
         return cls(policy="seconds", seconds=float(seconds))
 
     @classmethod
@@ -63,9 +84,7 @@ class IntervalPolicy:
         max_seconds: float = 6 * 3600.0,
     ) -> IntervalPolicy:
         if formula not in ("young", "daly"):
-            raise ValueError(f"formula must be 'young' or 'daly', got {formula!r}")
-        if not mtbf_seconds > 0 or not save_cost_seconds >= 0:
-            raise ValueError("mtbf_seconds must be > 0 and save_cost_seconds >= 0")
+            raise ValueError(f"IntervalPolicy.auto formula must be 'young' or 'daly', got {formula!r}")
         base = cls(
             policy=formula,
             mtbf_seconds=float(mtbf_seconds),
@@ -81,9 +100,10 @@ class IntervalPolicy:
 
     def optimum(self) -> float:
         """The young/daly interval for the current cost and MTBF, clamped."""
-        assert self.mtbf_seconds is not None
+        if self.mtbf_seconds is None:  # only young/daly call this, and they validated it
+            raise ValueError(f"policy {self.policy!r} has no optimum: it needs mtbf_seconds")
         cost = max(self.save_cost_seconds, 1e-6)
-        fn = young_interval if self.policy == "young" else daly_interval
+        fn = young_seconds if self.policy == "young" else daly_seconds
         return min(max(fn(cost, self.mtbf_seconds), self.min_seconds), self.max_seconds)
 
     def with_measurements(
@@ -105,8 +125,7 @@ class IntervalPolicy:
 
     def due(self, step: int, last_save_step: int | None, seconds_since_last_save: float) -> bool:
         """Whether ``step`` should be saved."""
-        if self.policy == "steps":
-            assert self.steps is not None
+        if self.policy == "steps" and self.steps is not None:  # validated: always set for "steps"
             return step % self.steps == 0
         if last_save_step is not None and step <= last_save_step:
             return False

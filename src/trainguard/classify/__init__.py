@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
-from trainguard.classify.engine import Classification, Evidence, decide
+from trainguard.classify.engine import Classification, EvidenceLine, decide
 from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
 from trainguard.classify.scan import Accumulator, Scanner
 from trainguard.classify.sources import (
@@ -23,18 +23,20 @@ from trainguard.classify.sources import (
     scan_file,
     scan_stream_checked,
 )
-from trainguard.classify.taxonomy import CATEGORIES, GROUPS, TIERS, UNKNOWN, group_of
+from trainguard.classify.tiers import TIERS
+from trainguard.classify.xid import is_hardware_xid, xid_code
 from trainguard.errors import InputError
+from trainguard.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN, group_of
 
 __all__ = [
     "BUILTIN_RULES",
-    "CATEGORIES",
     "DEFAULT_MAX_BYTES",
     "GROUPS",
+    "TABLE5_CATEGORIES",
     "TIERS",
     "UNKNOWN",
     "Classification",
-    "Evidence",
+    "EvidenceLine",
     "Rule",
     "RuleSet",
     "check_file",
@@ -42,7 +44,9 @@ __all__ = [
     "classify_text",
     "default_rules",
     "group_of",
+    "is_hardware_xid",
     "load_rules",
+    "xid_code",
 ]
 
 

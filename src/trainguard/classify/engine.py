@@ -9,7 +9,8 @@ from typing import Any
 from trainguard.classify.context import is_below
 from trainguard.classify.rules import Rule, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
-from trainguard.classify.taxonomy import TIERS, UNKNOWN, group_of
+from trainguard.classify.tiers import TIERS
+from trainguard.taxonomy import UNKNOWN, group_of
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ AMBIGUITY_FACTOR = 0.85
 
 
 @dataclass(frozen=True)
-class Evidence:
+class EvidenceLine:
     """One log line that supports a classification."""
 
     file: str
@@ -48,7 +49,7 @@ class Classification:
     group: str
     """Table 5 group of the category (``Unknown`` for ``Unknown`` and NCCL watchdog timeouts)."""
     confidence: float
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[EvidenceLine, ...] = ()
     """The key line first, then more support, then the strongest line of each alternative."""
     host: str | None = None
     """Suspected host: from the key line's syslog prefix, else a torchelastic ``host :`` line."""
@@ -254,7 +255,7 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
         notes.append(_explained_note(win, rules))
 
     where = {h.order: f"{h.file}:{h.line}" for c in cands for h in c.hits}
-    evidence: list[Evidence] = []
+    evidence: list[EvidenceLine] = []
     seen: set[tuple[str, int]] = set()
     for h in win.hits + [c.hits[0] for c in cands[1:] if c.hits]:
         if (h.file, h.line) not in seen and len(evidence) < MAX_EVIDENCE:
@@ -280,6 +281,6 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
     )
 
 
-def _ev(h: Hit, where: dict[int, str]) -> Evidence:
+def _ev(h: Hit, where: dict[int, str]) -> EvidenceLine:
     cause = where.get(h.explained_by) if h.explained_by is not None else None
-    return Evidence(h.file, h.line, h.text, h.rule, h.category, cause)
+    return EvidenceLine(h.file, h.line, h.text, h.rule, h.category, cause)

@@ -17,13 +17,13 @@ from typing import Any, Protocol
 
 import re2
 
-from trainguard.classify.taxonomy import CATEGORIES, TIERS, UNKNOWN, default_tier
+from trainguard.classify.tiers import TIERS, default_tier
 from trainguard.errors import InputError
+from trainguard.taxonomy import TABLE5_GROUPS
 
 log = logging.getLogger(__name__)
 
 BUILTIN_RULES = Path(__file__).with_name("rules.toml")
-_VALID_CATEGORIES = frozenset(CATEGORIES) | {UNKNOWN}
 _CONTEXT_GROUPS: dict[str, tuple[str, ...]] = {
     "line": ("host",), "device": ("device",), "source": ("host",), "section": ("gpu",),
     "bridge": ("device", "lo", "hi")}
@@ -216,7 +216,7 @@ def _regex(where: str, text: Any, ignore_case: bool = False, *, user: bool = Fal
 
 
 def _category(where: str, value: Any) -> str:
-    if value not in _VALID_CATEGORIES:
+    if value not in TABLE5_GROUPS:
         raise _fail(where, f"unknown category {value!r} (use a Table 5 name or 'Unknown')")
     return str(value)
 
@@ -347,6 +347,115 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: cannot read the rules file ({exc})") from None
 
 
+class _RuleSetBuilder:
+    """The rule set as loaded so far: each file adds to it or, with ``replace = true``, starts it anew."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self.xid_pattern: TextPattern | None = None
+        self.xid_builtin = True
+        self.unknown_xid = 0.2
+        self.strong = 0.5
+        self.window = 600.0
+
+    def reset(self) -> None:
+        """Drop the rules, XID meanings, verdicts and context patterns (settings stay)."""
+        self.rules: dict[str, Rule] = {}
+        self.xids: list[XidRule] = []
+        self.verdicts: dict[str, VerdictRule] = {}
+        self.context: dict[str, list[TextPattern]] = {scope: [] for scope in _CONTEXT_GROUPS}
+        self.keywords: dict[str, list[str]] = {scope: [] for scope in _CONTEXT_GROUPS}
+
+    def add_file(self, path: Path) -> None:
+        data = _read_toml(path)
+        where = str(path)
+        user = path != BUILTIN_RULES
+        if data.get("replace"):
+            self.reset()
+        self._add_rules(where, data, user)
+        for d in _tables(where, data, "xid"):
+            x = _parse_xid(where, d, user)
+            self.xids = [old for old in self.xids if not old.codes <= x.codes]
+            self.xids.insert(0, x)  # newer files win on overlapping codes
+        for d in _tables(where, data, "verdict"):
+            name = d.get("verdict")
+            category = _category(where, d.get("category"))
+            self.verdicts[str(name)] = VerdictRule(
+                str(name), category, _confidence(where, d.get("confidence")),
+                _tier(where, d.get("tier"), category), str(d.get("explain", "")))
+        for d in _tables(where, data, "context"):
+            self._add_context(where, d, user)
+        self._apply_settings(where, data, user)
+
+    def _add_rules(self, where: str, data: dict[str, Any], user: bool) -> None:
+        for d in _tables(where, data, "rule"):
+            r = _parse_rule(where, d, user)
+            self.rules.pop(r.id, None)
+            self.rules[r.id] = r
+        for r in self.rules.values():
+            unknown = [x for x in r.supersedes if x not in self.rules]
+            if unknown:
+                raise _fail(where, f"rule {r.id!r} supersedes unknown rule(s) {', '.join(map(repr, unknown))}")
+
+    def _add_context(self, where: str, d: dict[str, Any], user: bool) -> None:
+        pattern = _regex(where, d.get("pattern"), user=user)
+        scope = d.get("scope", "line")
+        if scope not in _CONTEXT_GROUPS:
+            raise _fail(where, f"[[context]] scope must be one of {', '.join(_CONTEXT_GROUPS)}, got {scope!r}")
+        missing = [g for g in _CONTEXT_GROUPS[scope] if g not in pattern.groupindex]
+        if missing:
+            raise _fail(where, f"a [[context]] with scope = {scope!r} needs the group(s) "
+                               + ", ".join(f"(?P<{g}>...)" for g in missing))
+        if scope not in ("line", "device"):  # whole-log scopes are found by keyword first, for speed
+            keywords = d.get("keywords")
+            if not isinstance(keywords, list) or not keywords or not all(isinstance(k, str) and k for k in keywords):
+                raise _fail(where, f"a [[context]] with scope = {scope!r} needs keywords")
+            self.keywords[scope].extend(keywords)
+        self.context[scope].append(pattern)
+
+    def _apply_settings(self, where: str, data: dict[str, Any], user: bool) -> None:
+        settings = data.get("settings", {})
+        if not isinstance(settings, dict):
+            raise _fail(where, "settings must be a [settings] table")
+        if "xid_pattern" in settings:
+            self.xid_pattern = _regex(where, settings["xid_pattern"], user=user)
+            self.xid_builtin = not user
+            if "code" not in self.xid_pattern.groupindex:
+                raise _fail(where, "settings.xid_pattern needs a (?P<code>...) group")
+        if "unknown_xid_confidence" in settings:
+            self.unknown_xid = _confidence(where, settings["unknown_xid_confidence"])
+        if "strong_confidence" in settings:
+            self.strong = _confidence(where, settings["strong_confidence"])
+        if "explain_window_s" in settings:
+            w = settings["explain_window_s"]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
+                raise _fail(where, f"settings.explain_window_s must be a number >= 0, got {w!r}")
+            self.window = float(w)
+
+    def build(self, paths: list[Path]) -> RuleSet:
+        if self.xid_pattern is None:
+            raise InputError("rules: no settings.xid_pattern defined")
+        return RuleSet(
+            rules=tuple(self.rules.values()),
+            xid_pattern=self.xid_pattern,
+            xids=tuple(self.xids),
+            unknown_xid_confidence=self.unknown_xid,
+            verdicts=tuple(self.verdicts.values()),
+            line_hosts=tuple(self.context["line"]),
+            line_devices=tuple(self.context["device"]),
+            source_hosts=tuple(self.context["source"]),
+            source_host_keywords=tuple(self.keywords["source"]),
+            strong_confidence=self.strong,
+            sources=tuple(str(p) for p in paths),
+            xid_pattern_builtin=self.xid_builtin,
+            sections=tuple(self.context["section"]),
+            section_keywords=tuple(self.keywords["section"]),
+            bridges=tuple(self.context["bridge"]),
+            bridge_keywords=tuple(self.keywords["bridge"]),
+            explain_window_s=self.window,
+        )
+
+
 def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
     """The built-in rules, extended/overridden by each file in ``extra`` in order.
 
@@ -355,102 +464,7 @@ def load_rules(*extra: str | Path, builtin: bool = True) -> RuleSet:
     ``replace = true`` at the top drops everything loaded before it. Raises `InputError` on bad files.
     """
     paths = ([BUILTIN_RULES] if builtin else []) + [Path(p) for p in extra]
-    rules: dict[str, Rule] = {}
-    xids: list[XidRule] = []
-    verdicts: dict[str, VerdictRule] = {}
-    line_hosts: list[TextPattern] = []
-    line_devices: list[TextPattern] = []
-    source_hosts: list[TextPattern] = []
-    source_kw: list[str] = []
-    sections: list[TextPattern] = []
-    section_kw: list[str] = []
-    bridges: list[TextPattern] = []
-    bridge_kw: list[str] = []
-    xid_pattern: TextPattern | None = None
-    xid_builtin = True
-    unknown_xid = 0.2
-    strong = 0.5
-    window = 600.0
+    builder = _RuleSetBuilder()
     for path in paths:
-        data = _read_toml(path)
-        where = str(path)
-        user = path != BUILTIN_RULES
-        if data.get("replace"):
-            rules, xids, verdicts = {}, [], {}
-            line_hosts, line_devices, source_hosts, source_kw = [], [], [], []
-            sections, section_kw, bridges, bridge_kw = [], [], [], []
-        for d in _tables(where, data, "rule"):
-            r = _parse_rule(where, d, user)
-            rules.pop(r.id, None)
-            rules[r.id] = r
-        for r in rules.values():
-            unknown = [x for x in r.supersedes if x not in rules]
-            if unknown:
-                raise _fail(where, f"rule {r.id!r} supersedes unknown rule(s) {', '.join(map(repr, unknown))}")
-        for d in _tables(where, data, "xid"):
-            x = _parse_xid(where, d, user)
-            xids = [old for old in xids if not old.codes <= x.codes]
-            xids.insert(0, x)  # newer files win on overlapping codes
-        for d in _tables(where, data, "verdict"):
-            name = d.get("verdict")
-            category = _category(where, d.get("category"))
-            verdicts[str(name)] = VerdictRule(
-                str(name), category, _confidence(where, d.get("confidence")),
-                _tier(where, d.get("tier"), category), str(d.get("explain", "")))
-        for d in _tables(where, data, "context"):
-            pattern = _regex(where, d.get("pattern"), user=user)
-            scope = d.get("scope", "line")
-            if scope not in _CONTEXT_GROUPS:
-                raise _fail(where, f"[[context]] scope must be one of {', '.join(_CONTEXT_GROUPS)}, got {scope!r}")
-            missing = [g for g in _CONTEXT_GROUPS[scope] if g not in pattern.groupindex]
-            if missing:
-                raise _fail(where, f"a [[context]] with scope = {scope!r} needs the group(s) "
-                                   + ", ".join(f"(?P<{g}>...)" for g in missing))
-            if scope in ("line", "device"):
-                (line_hosts if scope == "line" else line_devices).append(pattern)
-                continue
-            keywords = d.get("keywords")
-            if not isinstance(keywords, list) or not keywords or not all(isinstance(k, str) and k for k in keywords):
-                raise _fail(where, f"a [[context]] with scope = {scope!r} needs keywords")
-            patterns, kw = {"source": (source_hosts, source_kw), "section": (sections, section_kw),
-                            "bridge": (bridges, bridge_kw)}[scope]
-            patterns.append(pattern)
-            kw.extend(keywords)
-        settings = data.get("settings", {})
-        if not isinstance(settings, dict):
-            raise _fail(where, "settings must be a [settings] table")
-        if "xid_pattern" in settings:
-            xid_pattern = _regex(where, settings["xid_pattern"], user=user)
-            xid_builtin = not user
-            if "code" not in xid_pattern.groupindex:
-                raise _fail(where, "settings.xid_pattern needs a (?P<code>...) group")
-        if "unknown_xid_confidence" in settings:
-            unknown_xid = _confidence(where, settings["unknown_xid_confidence"])
-        if "strong_confidence" in settings:
-            strong = _confidence(where, settings["strong_confidence"])
-        if "explain_window_s" in settings:
-            w = settings["explain_window_s"]
-            if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0:
-                raise _fail(where, f"settings.explain_window_s must be a number >= 0, got {w!r}")
-            window = float(w)
-    if xid_pattern is None:
-        raise InputError("rules: no settings.xid_pattern defined")
-    return RuleSet(
-        rules=tuple(rules.values()),
-        xid_pattern=xid_pattern,
-        xids=tuple(xids),
-        unknown_xid_confidence=unknown_xid,
-        verdicts=tuple(verdicts.values()),
-        line_hosts=tuple(line_hosts),
-        line_devices=tuple(line_devices),
-        source_hosts=tuple(source_hosts),
-        source_host_keywords=tuple(source_kw),
-        strong_confidence=strong,
-        sources=tuple(str(p) for p in paths),
-        xid_pattern_builtin=xid_builtin,
-        sections=tuple(sections),
-        section_keywords=tuple(section_kw),
-        bridges=tuple(bridges),
-        bridge_keywords=tuple(bridge_kw),
-        explain_window_s=window,
-    )
+        builder.add_file(path)
+    return builder.build(paths)

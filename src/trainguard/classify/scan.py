@@ -20,7 +20,7 @@ import re2
 
 from trainguard.classify.context import LineTime, line_time, normalize_pci
 from trainguard.classify.rules import Rule, RuleSet, TextMatch, compile_user_bytes
-from trainguard.classify.taxonomy import UNKNOWN
+from trainguard.taxonomy import UNKNOWN
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +198,21 @@ class Scanner:
         self._match_raw(text.encode("utf-8", "replace"), file, lineno, acc)
 
     def _match_raw(self, raw: bytes, file: str, lineno: int, acc: Accumulator) -> None:
+        # Most lines stop at the RE2 pre-filter; only the few candidates pay for the steps below.
         selected = self._select.Match(raw)
         if not selected:
             return
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
         chosen = set(selected)
+        self._note_context(chosen, text, file, acc)
+        shown = text.strip()[:500]
+        found = self._rules_matching(selected, chosen, text, shown, file, lineno, acc)
+        keep = self._worth_keeping(found, acc) if found else []
+        if keep:
+            self._record(keep, found, text, shown, file, lineno, acc)
+
+    def _note_context(self, chosen: set[int], text: str, file: str, acc: Accumulator) -> None:
+        """What a line says about the log's host, the GPU of the lines below it, or the PCI topology."""
         rules = self.rules
         if self._i_source in chosen:
             for cp in rules.source_hosts:
@@ -221,21 +231,27 @@ class Scanner:
                     dev = normalize_pci(m.group("device"))
                     if dev:
                         acc.bridges[dev] = (int(m.group("lo"), 16), int(m.group("hi"), 16))
-        shown = text.strip()[:500]
-        found: list[tuple[Rule | None, Any]] = []  # (rule, its match), or (None, the XID hit)
+
+    def _rules_matching(self, selected: list[int], chosen: set[int], text: str, shown: str, file: str,
+                        lineno: int, acc: Accumulator) -> list[tuple[Rule | None, Any]]:
+        """(rule, its match) for each rule the line is evidence for, or (None, the XID hit)."""
+        found: list[tuple[Rule | None, Any]] = []
         if self._i_xid in chosen:
-            m = rules.xid_pattern.search(text)
+            m = self.rules.xid_pattern.search(text)
             if m:
                 found.append((None, self._xid_hit(m, text, shown, file, lineno, acc)))
         for i in sorted(selected):
             if i >= self._i_xid:
                 break
-            r = rules.rules[i]
+            r = self.rules.rules[i]
             rm = r.pattern.search(text)
             if rm is not None and (r.unless is None or r.unless.search(text) is None):
                 found.append((r, rm))
-        if not found:
-            return
+        return found
+
+    @staticmethod
+    def _worth_keeping(found: list[tuple[Rule | None, Any]], acc: Accumulator) -> list[tuple[Rule | None, Any]]:
+        """The matches no other match supersedes, and whose rule has room for another hit (else only counted)."""
         superseded = {x for r, _ in found if r is not None for x in r.supersedes}
         keep: list[tuple[Rule | None, Any]] = []
         for r, x in found:
@@ -246,21 +262,28 @@ class Scanner:
                 acc.counts[rid] = acc.counts.get(rid, 0) + 1  # counted; no need to build a hit nobody keeps
             else:
                 keep.append((r, x))
-        if not keep:
-            return
+        return keep
+
+    def _line_host_and_device(self, found: list[tuple[Rule | None, Any]], text: str) -> tuple[str | None, str | None]:
+        """The host a line's prefix names, and the device it is about (an XID's GPU, else a PCI address)."""
         host = None
-        for cp in rules.line_hosts:
+        for cp in self.rules.line_hosts:
             m = cp.search(text)
             if m:
                 host = m.group("host")
                 break
         # a line's hits share what any of them names (an XID line's GPU is also the GPU of "fallen off the bus")
         line_device = next((x.gpu for r, x in found if r is None and x.gpu), None)
-        for cp in rules.line_devices if line_device is None else ():
+        for cp in self.rules.line_devices if line_device is None else ():
             m = cp.search(text)
             if m:
                 line_device = normalize_pci(m.group("device"))
                 break
+        return host, line_device
+
+    def _record(self, keep: list[tuple[Rule | None, Any]], found: list[tuple[Rule | None, Any]], text: str,
+                shown: str, file: str, lineno: int, acc: Accumulator) -> None:
+        host, line_device = self._line_host_and_device(found, text)
         when = line_time(text, file)
         section = acc.section_gpu.get(file)
         for r, x in keep:

@@ -18,15 +18,20 @@ from types import ModuleType
 
 from trainguard import __version__
 from trainguard.errors import (
+    EXIT_FAILURE,
     EXIT_INPUT,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_STORAGE,
     EXIT_USAGE,
+    CheckpointError,
+    InputError,
+    StorageError,
     TrainguardError,
+    UsageError,
 )
 
-# Order shown in --help. A verb whose module is absent is simply not offered.
+# Order shown in --help. Every verb listed has its module here (tests/unit/test_cli_verbs.py checks it).
 VERBS = (
     "run",
     "demo",
@@ -51,14 +56,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _verb_modules() -> dict[str, ModuleType]:
-    modules: dict[str, ModuleType] = {}
-    for verb in VERBS:
-        try:
-            modules[verb] = importlib.import_module(f"trainguard.cli.{verb}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"trainguard.cli.{verb}":
-                raise
-    return modules
+    # No verb is skipped quietly: a missing module is a packaging bug and fails loudly.
+    return {verb: importlib.import_module(f"trainguard.cli.{verb}") for verb in VERBS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+# Only the command line knows exit codes; errors carry none. First match wins (subclasses first).
+_EXIT_CODES: tuple[tuple[type[TrainguardError], int], ...] = (
+    (UsageError, EXIT_USAGE),
+    (InputError, EXIT_INPUT),
+    (StorageError, EXIT_STORAGE),
+    (CheckpointError, EXIT_STORAGE),
+)
+
+
+def exit_code_for(exc: TrainguardError) -> int:
+    """The exit code of a verb that ended with ``exc`` (docs/cli.md)."""
+    return next((code for kind, code in _EXIT_CODES if isinstance(exc, kind)), EXIT_FAILURE)
 
 
 def _storage_errno(exc: OSError) -> bool:
@@ -90,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args))
     except TrainguardError as exc:
         print(f"trainguard {args.verb}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"trainguard {args.verb}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -24,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-run", metavar="RUN_DIR",
                         help="calibrate step time, save cost and restart overhead from a run's events")
     parser.add_argument("--json", action="store_true", help="print one JSON document (docs/simulation.md)")
+    f = parser.add_argument_group("frontier (stall, restart time and recovery scheme that reach the target)")
+    f.add_argument("--frontier-trials", type=int, default=50,
+                   help="trials per frontier evaluation (default 50, at most --trials)")
+    f.add_argument("--frontier-inprocess-share", type=float, default=0.9, metavar="P",
+                   help="share of failures the inprocess scheme recovers in process (default 0.9)")
+    f.add_argument("--frontier-replica-groups", type=int, default=8, metavar="G",
+                   help="replica groups of the replica-groups scheme (default 8)")
     add_job_arguments(parser)
 
 
@@ -40,7 +47,7 @@ def _plausible_calibration(cal: Any) -> Any:
 
     dropped: dict[str, Any] = {}
     for name in ("step_seconds", "checkpoint_stall_seconds", "checkpoint_total_seconds", "restore_seconds",
-                 "relaunch_seconds", "restart_overhead_seconds"):
+                 "relaunch_seconds", "restart_overhead_seconds", "inprocess_restart_seconds"):
         value = getattr(cal, name)
         if value is None:
             continue
@@ -66,13 +73,31 @@ def _apply_calibration(args: argparse.Namespace, cal: Any) -> None:
         args.relaunch_seconds = cal.relaunch_seconds
     if cal.restart_overhead_seconds is not None:
         args.restart_overhead = cal.restart_overhead_seconds
+    if cal.inprocess_restart_seconds is not None:
+        args.inprocess_seconds = cal.inprocess_restart_seconds
     args.restart_overhead = max(args.restart_overhead, args.relaunch_seconds + args.restore_seconds)
 
 
+def _frontier_config(args: argparse.Namespace) -> Any:
+    from trainguard.sim.frontier import FrontierConfig
+
+    if not (math.isfinite(args.frontier_inprocess_share) and 0 < args.frontier_inprocess_share <= 1):
+        raise UsageError(f"--frontier-inprocess-share must be above 0 and at most 1, "
+                         f"not {args.frontier_inprocess_share}")
+    if not 2 <= args.frontier_replica_groups <= 1_000_000:
+        raise UsageError(f"--frontier-replica-groups must be between 2 and 1000000, "
+                         f"not {args.frontier_replica_groups}")
+    return FrontierConfig(target_ettr=args.target_ettr, inprocess_share=args.frontier_inprocess_share,
+                          replica_groups=args.frontier_replica_groups)
+
+
 def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.simulate import job_from_args, require_numpy, sim_errors
+
+    require_numpy()
     from trainguard.cli.output import Progress, print_json
-    from trainguard.cli.simulate import job_from_args
     from trainguard.sim.calibrate import calibrate_from_run
+    from trainguard.sim.frontier import find_frontier, frontier_json
     from trainguard.sim.plan import best_interval, budgets_for_target, spares_for_target, with_repair_hours
 
     if not (math.isfinite(args.target_ettr) and 0 < args.target_ettr < 1):
@@ -81,22 +106,30 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--trials must be between 1 and 100000, not {args.trials}")
     if args.repair_hours is not None and not (math.isfinite(args.repair_hours) and 0 <= args.repair_hours <= 1e5):
         raise UsageError(f"--repair-hours must be between 0 and 100000, not {args.repair_hours}")
-    cal = _plausible_calibration(calibrate_from_run(args.from_run)) if args.from_run else None
+    if not 1 <= args.frontier_trials <= 100_000:
+        raise UsageError(f"--frontier-trials must be between 1 and 100000, not {args.frontier_trials}")
+    with sim_errors():
+        frontier_config = _frontier_config(args)
+        cal = _plausible_calibration(calibrate_from_run(args.from_run)) if args.from_run else None
     if cal is not None:
         _apply_calibration(args, cal)
     model, job, policy = job_from_args(args)
     if args.repair_hours is not None:
         model = with_repair_hours(model, args.repair_hours)
     kw = {"trials": args.trials, "seed": args.seed}
-    bar = Progress(3, "planning")
+    bar = Progress(4, "planning")
     try:
-        interval = best_interval(model, job, policy, **kw)
-        bar.update()
-        tuned = policy.with_(interval=str(interval["best_minutes"]))
-        spares = spares_for_target(model, job, tuned, args.target_ettr, **kw)
-        bar.update()
-        budgets = budgets_for_target(model, job, tuned, args.target_ettr, **kw)
-        bar.update()
+        with sim_errors():
+            interval = best_interval(model, job, policy, **kw)
+            bar.update()
+            tuned = policy.with_(interval=str(interval["best_minutes"]))
+            spares = spares_for_target(model, job, tuned, args.target_ettr, **kw)
+            bar.update()
+            budgets = budgets_for_target(model, job, tuned, args.target_ettr, **kw)
+            bar.update()
+            frontier = find_frontier(model, job, policy, frontier_config,
+                                     trials=min(args.frontier_trials, args.trials), seed=args.seed)
+            bar.update()
     finally:
         bar.close()
     doc = {
@@ -107,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "calibration": None if cal is None else cal.to_json(),
         "inputs": {
+            "inprocess_restart_seconds": policy.inprocess_restart_seconds,
             "step_seconds": job.step_seconds,
             "checkpoint_stall_seconds": policy.checkpoint_stall_seconds,
             "checkpoint_total_seconds": policy.checkpoint_total_seconds or policy.checkpoint_stall_seconds,
@@ -117,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         "interval": interval,
         "spares": spares,
         "budgets": budgets,
+        "frontier": {"trials": min(args.frontier_trials, args.trials), **frontier_json(frontier)},
     }
     if args.json:
         print_json(doc)
@@ -136,6 +171,11 @@ def _render(doc: dict[str, Any]) -> str:
         c = doc["inputs"]
         lines.append(f"calibrated from {doc['calibration']['run']}: step {c['step_seconds']:.2f} s, "
                      f"stall {c['checkpoint_stall_seconds']:.1f} s, restart {c['restart_overhead_seconds']:.0f} s")
+        measured = doc["calibration"]
+        if measured.get("inprocess_restart_seconds") is not None:
+            share = measured.get("inprocess_share")
+            lines.append(f"  in-process restarts measured there: {measured['inprocess_restart_seconds']:.2f} s"
+                         + ("" if share is None else f", {share:.0%} without falling back"))
     lines += [
         f"mean time between unexpected failures {iv['mttf_hours']:.2f} h, "
         f"between all interruptions {iv['mtbi_hours']:.2f} h",
@@ -152,4 +192,38 @@ def _render(doc: dict[str, Any]) -> str:
                  f"at stall {bd['at_checkpoint_stall_seconds']:g} s; "
                  f"max checkpoint stall {_fmt(bd['max_checkpoint_stall_seconds'], ' s', 1)} "
                  f"at restart {bd['at_restart_overhead_seconds']:g} s")
+    lines += _render_frontier(doc["frontier"])
     return "\n".join(lines)
+
+
+_SCHEME_WORDS = {"restart": "full restart", "inprocess": "in-process restart", "replica-groups": "replica groups"}
+
+
+def _render_frontier(fr: dict[str, Any]) -> list[str]:
+    lines = [f"frontier for ETTR {fr['target_ettr']:.3f} (each row: a save stalling at most this long and a "
+             "restart at most this long reach it):"]
+    for scheme, best in fr["best_ettr"].items():
+        pts = [p for p in fr["points"] if p["scheme"] == scheme]
+        name = _SCHEME_WORDS.get(scheme, scheme)
+        if scheme == "inprocess":
+            name += f" ({fr['inprocess_share']:.0%} of failures; the rest full restarts)"
+        elif scheme == "replica-groups":
+            name += f" ({fr['replica_groups']} groups)"
+        if not pts:
+            bad = fr["corner_badput_fraction"][scheme]
+            top = sorted(bad.items(), key=lambda kv: -kv[1])[:2]
+            lines.append(f"  {name}: not reachable; even 0.5 s restarts and a {fr['stalls_seconds'][0]:g} s "
+                         f"stall give ETTR {best:.4f} (largest losses: "
+                         + ", ".join(f"{b} {v:.1%}" for b, v in top) + ")")
+            f = fr["detection_scale"].get(scheme)
+            lines.append("     not even with instant detection" if f is None else
+                         f"     reachable there if every detection latency is at most {f:.2f}x the options' "
+                         f"(crash, hang timeout, SDC check interval)")
+            continue
+        lines.append(f"  {name}:")
+        lines += [f"     stall <= {p['checkpoint_stall_seconds']:6g} s   restart <= {p['restart_seconds']:8.1f} s   "
+                  f"(ETTR {p['ettr']:.4f}, interval {p['interval_minutes']:.1f} min)" for p in pts]
+    if not fr["reachable"]:
+        lines.append("  target not reachable by any scheme at this scale: shorten detection (--hang-timeout, "
+                     "--crash-detection, --sdc-check-hours) or lower --target-ettr")
+    return lines

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import print_json
     from trainguard.goodput import compute_goodput
     from trainguard.report.terminal import render_report
+    from trainguard.report.thermal_power import render_text, run_sections
 
     if args.html:
         from trainguard.web.render import require
@@ -32,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
         written = write_html(args.run_dir, args.html, report)
         print(f"trainguard report: HTML report written to {written}", file=sys.stderr)
+    extra = run_sections(args.run_dir)
     if args.json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **extra})
     else:
-        print(render_report(report))
+        print("\n".join([render_report(report), *render_text(extra)]))
     return EXIT_OK

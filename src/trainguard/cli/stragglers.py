@@ -23,9 +23,10 @@ def build(run_dir: str, window_steps: int = 8, min_slowdown: float = 1.08) -> di
     """The ``--json`` document of a run (docs/stragglers.md)."""
     from trainguard.eventlog import SkippedRecords, read_run
     from trainguard.events import TelemetrySample
+    from trainguard.power import power_report
     from trainguard.rundir import RunDir
     from trainguard.stragglers import StragglerConfig, analyze, read_arrivals
-    from trainguard.telemetry import summarize, throttling
+    from trainguard.thermal import SlowSpan, slow_spans, thermal_report, throttling
 
     try:
         config = StragglerConfig(window_steps=window_steps, min_slowdown=min_slowdown)
@@ -44,19 +45,15 @@ def build(run_dir: str, window_steps: int = 8, min_slowdown: float = 1.08) -> di
         times = [x[2] for x in s.saved_by_step]
         finding = throttling(samples, s.host, min(times) - 60, max(times) + 60) if times and samples else None
         entry["throttling"] = finding.to_json() if finding else None
-        entry["cause"] = ("clock throttling: " + ", ".join(finding.reasons)) if finding and finding.throttled \
+        entry["cause"] = finding.cause if finding and finding.throttled \
             else "unknown (no throttling seen)" if finding else "unknown (no telemetry)"
+    spans: dict[str, SlowSpan] = {span.host: span for span in slow_spans(report.stragglers)}
     for h in doc["hosts"]:
-        ranks = [s for s in report.stragglers if s.host == h["host"]]
-        times = [x[2] for s in ranks for x in s.saved_by_step]
-        finding = throttling(samples, h["host"], min(times) - 60, max(times) + 60) if times and samples else None
+        span = spans.get(h["host"])
+        finding = throttling(samples, h["host"], span.start - 60, span.end + 60) if span and samples else None
         h["throttling"] = finding.to_json() if finding else None
-    telemetry = summarize(records)
-    gpus = len({(e.host, e.device) for e in samples if e.source == "gpu"})
-    if gpus:
-        from trainguard.sim.power import PowerModel
-
-        telemetry["power"]["model_swings_mw"] = PowerModel().swings_mw(gpus)
+    telemetry = thermal_report(records, list(spans.values())).to_json()
+    telemetry["power"] = power_report(records).to_json()
     doc["telemetry"] = telemetry
     doc["warnings"] = warnings
     return doc
@@ -80,8 +77,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"telemetry: {tel['samples']} samples from {len(tel['hosts'])} host(s); throughput vs "
                      f"temperature r={_r(tel.get('throughput_vs_temperature'))}, vs clock "
                      f"r={_r(tel.get('throughput_vs_clock'))}")
-        for sw in tel.get("power", {}).get("largest_swings", []):
-            lines.append(f"  power swing {sw['delta_watts']:+.0f} W ({sw['cause']})")
+        for sw in tel["power"]["largest_swings"]:
+            lines.append(f"  power swing {sw['delta_watts']:+.0f} W ({sw['cause']}: {sw['detail']})")
     lines += [f"note: {n}" for n in doc["notes"]]
     lines += [f"warning: {w}" for w in doc["warnings"]]
     return "\n".join(lines)

@@ -44,7 +44,7 @@ __all__ = [
 
 
 def _torch_missing(config: HealthConfig) -> list[CheckResult]:
-    note = "torch is not installed (pip install 'trainguard[torch]')"
+    note = "torch is not installed (a dependency of trainguard: pip install 'torch>=2.13,<2.14')"
     return [skipped("torch_devices", HIGH, note), skipped("torch_collective", HIGH, note)]
 
 

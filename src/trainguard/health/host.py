@@ -157,17 +157,20 @@ def check_clock(config: HealthConfig) -> list[CheckResult]:
     """This host's clock is NTP-synchronized within a bound. Direct skew against the rendezvous host is
     not measurable over a c10d store (it has no time service); two synchronized hosts differ by at
     most the sum of their error bounds, which is what this check bounds."""
-    state = clock_state()
+    return [judge_clock(clock_state(), config.max_clock_error_seconds)]
+
+
+def judge_clock(state: tuple[bool, float] | None, max_error_seconds: float) -> CheckResult:
+    """The ``clock_sync`` result for a clock state (`clock_state`: synchronized, error bound in seconds)."""
     if state is None:
-        return [skipped("clock_sync", LOW, "clock synchronization state not readable here")]
+        return skipped("clock_sync", LOW, "clock synchronization state not readable here")
     synced, maxerror = state
     if not synced:
-        return [failed("clock_sync", LOW, f"clock not NTP-synchronized (kernel error bound {maxerror:.1f} s); "
-                                          "event times from this host may be skewed")]
-    if maxerror > config.max_clock_error_seconds:
-        return [failed("clock_sync", LOW, f"clock error bound {maxerror:.3f} s exceeds "
-                                          f"{config.max_clock_error_seconds:g} s")]
-    return [passed("clock_sync", LOW, f"synchronized, error bound {maxerror * 1000:.0f} ms")]
+        return failed("clock_sync", LOW, f"clock not NTP-synchronized (kernel error bound {maxerror:.1f} s); "
+                                         "event times from this host may be skewed")
+    if maxerror > max_error_seconds:
+        return failed("clock_sync", LOW, f"clock error bound {maxerror:.3f} s exceeds {max_error_seconds:g} s")
+    return passed("clock_sync", LOW, f"synchronized, error bound {maxerror * 1000:.0f} ms")
 
 
 def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:

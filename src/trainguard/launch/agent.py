@@ -22,6 +22,7 @@ import importlib
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,12 @@ from trainguard.events import (
     FaultInjected,
     HealthCheckResult,
     NodeExcluded,
+    PlannedInterruption,
     RunStarted,
 )
-from trainguard.launch import blame, evidence
+from trainguard.launch import blame, evidence, nodes
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 from trainguard.launch.stop import stop_processes
@@ -93,9 +96,13 @@ class GuardAgent(LocalElasticAgent):
                          shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
                          log_line_prefix_template=getattr(cfg, "log_line_prefix", None))
         self.events = EventWriter(self.layout.agent_events(cfg.node_id))
-        from trainguard.stragglers.watch import AgentWatch  # telemetry sampling and the straggler policy
+        from trainguard.stragglers.handover import StoreHandover
+        from trainguard.stragglers.watch import AgentWatch, WatchSettings  # telemetry and the straggler policy
 
-        self.watch = AgentWatch(self.layout, cfg.node_id, self.emit)
+        settings = WatchSettings.resolve(cfg.straggler_policy, cfg.straggler_probe_seconds, cfg.telemetry_seconds)
+        self.watch = AgentWatch(self.layout, cfg.node_id, self.emit, settings,
+                                handover=StoreHandover(lambda: getattr(self, "_store", None), cfg.run_id,
+                                                       spec.rdzv_handler))
         self.watchdog = Watchdog(cfg.watchdog)
         self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
         self.faults = chaos.parse_spec(cfg.chaos)
@@ -107,14 +114,22 @@ class GuardAgent(LocalElasticAgent):
         self.failures: list[FailureDetected] = []
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
-        self._early: tuple[dict[int, int], evidence.Evidence, float, float] | None = None
+        self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._sdc_pending: tuple[sdc.SdcMarker, dict[int, str]] | None = None
         """Corruption found in the last attempt (marker, rank -> node): rollback and exclusion at the restart."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self._warned_no_bootstrap = False
+        self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
+        """This agent's beat in the shared run directory: how peers know it is alive."""
+        self.peers = nodes.PeerWatch(cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
+        self._peers_polled_mono = 0.0
+        self._peers_cache: tuple[int, list[str]] | None = None
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
             # import now what the first failure needs, not inside the restart's critical path
             importlib.import_module(name)
+        self.inprocess = InProcessRestarts.build(cfg, tuple(spec.args))
+        """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
+        self.beat.start()
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -144,8 +159,7 @@ class GuardAgent(LocalElasticAgent):
             return True
         try:
             key = f"trainguard/{self.cfg.run_id}/failure/{self.attempt}"
-            won = store.compare_set(key, "", self.cfg.node_id)
-            return bytes(won).decode() == self.cfg.node_id
+            return int(store.add(key, 1)) == 1  # add, not compare_set: etcd's store has only add
         except Exception:
             return True
 
@@ -180,6 +194,7 @@ class GuardAgent(LocalElasticAgent):
                 if not r.ok and not r.skipped and r.severity == "high":
                     bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
         bad.extend(self._lemon_reasons())
+        bad.extend(nodes.lost_reasons(self.cfg.run_dir, self.cfg.node_id))
         bad.extend(self.watch.exclusion_reasons(self.attempt))
         bad.extend(self._sdc_exclusion())
         if bad:
@@ -242,8 +257,10 @@ class GuardAgent(LocalElasticAgent):
         super()._rendezvous(worker_group)
         if first:  # a spare joining a running job continues the job's attempt numbers
             self.attempt = max(self.attempt, self._attempts_ended())
+        self.beat.set_attempt(self.attempt)
         self.leader = worker_group.group_rank == 0
-        if self.leader and not self.run_started_written:
+        # Only the first attempt's leader starts the run: one that took over from a lost leader must not.
+        if self.leader and self.attempt == 0 and not self.run_started_written:
             self.run_started_written = True
             ws = worker_group.workers[0].world_size if worker_group.workers else 0
             config = self.cfg.to_json()
@@ -271,6 +288,8 @@ class GuardAgent(LocalElasticAgent):
             chaos=self.cfg.chaos, pg_timeout_seconds=self.cfg.pg_timeout_seconds(), auto=self.cfg.auto_instrument,
         ).to_environ()
         env[sdc.ENV_CHECK_EVERY] = str(self.cfg.sdc_check_every)
+        if self.inprocess is not None:
+            env.update(self.inprocess.environ())
         paths = [self._base_pythonpath] if self._base_pythonpath else []
         if self.cfg.auto_instrument:
             site = _auto_instrument_path()
@@ -290,19 +309,23 @@ class GuardAgent(LocalElasticAgent):
             del os.environ["PYTHONPATH"]
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        self._sdc_rollback()
+        self._open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
+        return super()._start_workers(worker_group)
+
+    def _open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None:
+        """Folders, watchdog and ``AttemptStarted`` of ``self.attempt`` (a launch or an in-process restart)."""
         make_dirs(self.diag_dir())
         mono = time.monotonic()
         self.watchdog.new_attempt(mono)
         self._last_alive_mono = mono
-        self._sdc_rollback()
         resume = latest_checkpoint(self.cfg.checkpoint_dir)
         ws = worker_group.workers[0].world_size if worker_group.workers else 0
         self.emit(AttemptStarted(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, world_size=ws,
-                                 hosts=(self.cfg.node_id,), resume_step=resume))
+                                 hosts=(self.cfg.node_id,), resume_step=resume, recovery=recovery))
         self._attempt_closed = False
         self._early = None
         self.watch.on_attempt(self.attempt)
-        return super()._start_workers(worker_group)
 
     # --- watching -------------------------------------------------------------------------------
 
@@ -320,6 +343,16 @@ class GuardAgent(LocalElasticAgent):
                 failed[wg.workers[local_rank].global_rank] = int(code)
         return failed
 
+    def _finished(self, wg: WorkerGroup) -> set[int]:
+        """Global ranks whose process already ended with exit code 0.
+
+        Their heartbeat thread ended with them, so to the watchdog they would look frozen: a rank that finished
+        while a slower peer still tears down is not a hang. (A peer left waiting in a collective for a finished
+        rank is still found: it is a waiting rank.)
+        """
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        return {wg.workers[local_rank].global_rank for local_rank, h in handlers.items() if h.proc.poll() == 0}
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         marker_file = sdc.marker_path(self.cfg.run_dir, self.attempt)
         if self._sdc_pending is None and os.path.lexists(marker_file):  # one stat per poll
@@ -332,24 +365,117 @@ class GuardAgent(LocalElasticAgent):
             ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(worker_group, set(early)),
                                  self._logs(worker_group))
             self._early = (early, ev, wall, mono)
+            if self.inprocess is not None:  # only the failed ranks get new processes, if it can be done
+                return self.inprocess.after_exit(self, worker_group)
             # The base poll below would close the survivors with torch's 30 s SIGTERM wait (and never resume
             # a stopped one): end them our way first, now that their evidence is in. A worker failing between
             # our poll and the base's (microseconds) still gets torch's close.
             self._stop_local_workers(signal.SIGTERM)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:
+            fell_back = self.inprocess.poll(self, worker_group) if self.inprocess is not None else None
+            if fell_back is not None:
+                return fell_back
             mono = time.monotonic()
-            verdict = self.watchdog.check(self._read_beats(worker_group), mono)
+            beats = self._read_beats(worker_group)
+            lost = self._node_watch(worker_group, beats, mono)
+            if lost:
+                return self._on_node_lost(worker_group, lost, time.time())
+            finished = self._finished(worker_group)
+            verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
             if verdict is None:
                 self._last_alive_mono = mono
-                self.watch.poll(lambda: self._live(worker_group, set()), self.leader)
-                return result
+                leave = self.watch.poll(lambda: self._live(worker_group, set()), self.leader)
+                return result if leave is None else self._leave_for_spare(leave)
             return self._on_hang(worker_group, verdict, time.time(), mono)
         if result.state == WorkerState.FAILED:
             return self._on_exit(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self._close_attempt("completed", 0)
         return result
+
+    def _leave_for_spare(self, reason: str) -> RunResult:
+        """Straggler policy ``restart-now`` named a rank of this node and a spare waits: end this attempt as a
+        planned interruption; the restart's health gate then excludes this node (`AgentWatch.exclusion_reasons`)
+        and the spare takes its place in the rendezvous."""
+        self._claim_failure()  # the peers' workers fail when ours stop: that is this restart, not a new failure
+        self.emit(PlannedInterruption(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, reason=reason))
+        self._close_attempt("planned", None)
+        self._stop_local_workers(signal.SIGTERM)
+        self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
+        return RunResult(state=WorkerState.FAILED)
+
+    # --- lost nodes and node-level chaos (`trainguard.launch.nodes`) ---------------------------------
+
+    def _peer_nodes(self) -> list[str]:
+        """The other nodes of this attempt (from the heartbeat folders: cached once every rank has one)."""
+        cached = self._peers_cache
+        if cached is not None and cached[0] == self.attempt:
+            return cached[1]
+        members = nodes.attempt_nodes(self.layout, self.attempt)
+        peers = [n for n in members if n != self.cfg.node_id]
+        workers = self._worker_group.workers
+        if workers and sum(len(r) for r in members.values()) >= workers[0].world_size:
+            self._peers_cache = (self.attempt, peers)
+        return peers
+
+    def _node_watch(self, wg: WorkerGroup, beats: dict[int, Heartbeat | None], mono: float) -> list[nodes.LostNode]:
+        """Fire this node's due node faults; twice a second, the peers that stopped beating."""
+        if self.faults and all(b is not None for b in beats.values()):
+            nodes.fire_due_faults(self.faults, self.cfg.node_id, self.attempt, [b.step for b in beats.values() if b],
+                                  [int(w.id) for w in wg.workers if w.id is not None], self.layout.chaos_dir, self.emit)
+        if mono - self._peers_polled_mono < 0.5 or wg.group_world_size in (None, 1):
+            return []
+        self._peers_polled_mono = mono
+        return self.peers.observe(nodes.ring_successors(self._peer_nodes(), self.cfg.node_id), mono)
+
+    def _lost_behind(self, codes: dict[int, int], kind: str, wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
+        """Whether local ranks failed because a peer node died: their error exits (or aborts) are then an echo.
+        Waits until every peer beat again after the failure, or one is lost (bounded: `PeerWatch.settle`)."""
+        echo = kind == "exit" or all(c == -signal.SIGABRT for c in codes.values())
+        if not echo or not wg.group_world_size or wg.group_world_size < 2:
+            return []
+        return self.peers.settle(self._peer_nodes(), mono)
+
+    def _on_node_lost(self, wg: WorkerGroup, lost: list[nodes.LostNode], wall: float) -> RunResult:
+        beats = self._read_beats(wg)
+        steps = [b.step for b in beats.values() if b is not None]
+        self._record_node_lost(lost, wall, min(steps) if steps else None)
+        self._close_attempt("failure", None)
+        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
+        return RunResult(state=WorkerState.FAILED)
+
+    def _record_node_lost(self, lost: list[nodes.LostNode], wall: float, step: int | None) -> None:
+        """``FailureDetected`` (kind ``node-lost``), a ``Diagnosis``, and ``NodeExcluded`` for each lost node,
+        by the one agent that claims the failure; the lost nodes' last beats and log tails become evidence."""
+        if not self._claim_failure():
+            return
+        failure, *others = nodes.lost_records(self.layout, self.cfg.node_id, self.attempt, lost, wall, step,
+                                              self.cfg.node_lost_timeout_seconds)
+        self.failures.append(failure)
+        for record in (failure, *others):
+            self.emit(record)
+
+    def _exit_barrier(self) -> None:
+        """torch's wait for every agent at the end, except that a peer found lost meanwhile ends it: a killed
+        agent never arrives, and torch would wait its full 120 s for it."""
+        if (self._worker_group.group_world_size or 1) < 2:
+            return super()._exit_barrier()
+        done = threading.Event()
+
+        def barrier() -> None:
+            try:
+                super(GuardAgent, self)._exit_barrier()
+            finally:
+                done.set()
+
+        threading.Thread(target=barrier, name="trainguard-exit-barrier", daemon=True).start()
+        while not done.wait(0.5):
+            lost = self.peers.observe(nodes.ring_successors(self._peer_nodes(), self.cfg.node_id), time.monotonic())
+            if lost:
+                log.warning("not waiting at the exit barrier for lost node(s) %s", ", ".join(n.node for n in lost))
+                return None
+        return None
 
     def _live(self, wg: WorkerGroup, exclude: set[int]) -> dict[int, int]:
         live = {}
@@ -381,9 +507,16 @@ class GuardAgent(LocalElasticAgent):
         beats = self._read_beats(wg)
         steps = [b.step for b in beats.values() if b is not None]
         detail = blame.crash_detail(codes)
+        if self.watch.planned_leave(self.attempt) is not None:  # a node left for a waiting spare (restart-now)
+            self._close_attempt("planned", None)
+            self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
+            return result
         if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
-        if self._claim_failure():
+        lost = self._lost_behind(codes, kind, wg, mono)
+        if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
+            self._record_node_lost(lost, time.time(), min(steps) if steps else None)
+        elif self._claim_failure():
             self._record_failure(kind, culprits, mono - self._last_alive_mono, wall, min(steps) if steps else None,
                                  ev, detail, verdict="crash", explanation=detail,
                                  if_unknown=blame.unexplained_crash_note(codes, culprits))
@@ -436,7 +569,7 @@ class GuardAgent(LocalElasticAgent):
                                             f"{marker.explanation}", evidence=(relative,)))
         self._close_attempt("failure", None)
         beats = self._read_beats(wg)
-        self._apply_policy(beats, evidence.Evidence(self.diag_dir()))
+        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
         return RunResult(state=WorkerState.FAILED)
 
     def _exclusion_note(self, marker: sdc.SdcMarker, nodes: dict[int, str]) -> str:
@@ -482,8 +615,12 @@ class GuardAgent(LocalElasticAgent):
             time.sleep(0.2)
 
     def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
-        ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set()), self._logs(wg))
         world = wg.workers[0].world_size if wg.workers else 0
+        if len(wg.workers) < world:  # ranks wait for a node that may be stopped or cut off as a whole
+            lost = self.peers.settle(self._peer_nodes(), mono)
+            if lost:
+                return self._on_node_lost(wg, lost, time.time())
+        ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set()), self._logs(wg))
         self._wait_for_peer_dumps(wg, world)
         dumps = evidence.read_dumps(self.diag_dir())
         steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
@@ -512,9 +649,11 @@ class GuardAgent(LocalElasticAgent):
                                  explanation=diag_explanation, diagnosis_ranks=diag_culprits, backend=dumps.backend)
         self._close_attempt("failure", None)
         self._apply_policy(self._read_beats(wg), ev)
+        if self.inprocess is not None and self.inprocess.recover(self, wg, culprits, "hang", kill=True):
+            return RunResult(state=WorkerState.HEALTHY)  # the hung ranks were killed and replaced
         return RunResult(state=WorkerState.FAILED)
 
-    def _classify(self, ev: evidence.Evidence, ranks: list[int], verdict: str,
+    def _classify(self, ev: evidence.GatheredEvidence, ranks: list[int], verdict: str,
                   backend: str | None) -> tuple[str, str, float, tuple[str, ...], str]:
         """(category, group, confidence, evidence lines, note) from the culprits' log tails."""
         note = ""
@@ -537,7 +676,7 @@ class GuardAgent(LocalElasticAgent):
             return "Unknown", "Unknown", 0.0, (), note
 
     def _record_failure(self, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
-                        ev: evidence.Evidence, detail: str, *, verdict: str, explanation: str,
+                        ev: evidence.GatheredEvidence, detail: str, *, verdict: str, explanation: str,
                         diagnosis_ranks: list[int] | None = None, backend: str | None = None,
                         if_unknown: str = "") -> None:
         record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
@@ -561,7 +700,7 @@ class GuardAgent(LocalElasticAgent):
             self.emit(AttemptEnded(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
                                    reason=reason, exit_code=exit_code))
 
-    def _apply_policy(self, beats: dict[int, Heartbeat | None], ev: evidence.Evidence) -> None:
+    def _apply_policy(self, beats: dict[int, Heartbeat | None], ev: evidence.GatheredEvidence) -> None:
         """Stop when several failed attempts in a row made no progress, or the budget is spent."""
         steps = [b.step for b in beats.values() if b is not None]
         steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
@@ -573,7 +712,9 @@ class GuardAgent(LocalElasticAgent):
             self._remaining_restarts = 0
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        self._close_attempt("failure", None)  # a peer node failed: this attempt ends here too
+        # A peer node failed, or left for a waiting spare (straggler restart-now): this attempt ends here too.
+        planned = not self._attempt_closed and self.watch.planned_leave(self.attempt) is not None
+        self._close_attempt("planned" if planned else "failure", None)
         super()._restart_workers(worker_group)
 
     # --- stopping -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ REQUEST_TIMEOUT_SECONDS = 4.0
 
 
 @dataclass
-class Evidence:
+class GatheredEvidence:
     """What was gathered for one failure."""
 
     directory: Path
@@ -83,12 +83,12 @@ def gather(
     logs: Mapping[int, list[Path]],
     *,
     timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
-) -> Evidence:
+) -> GatheredEvidence:
     """``live``: rank -> pid of processes still running; ``logs``: rank -> its log files."""
     from trainguard.worker.control import request
 
     make_dirs(directory)
-    ev = Evidence(directory)
+    ev = GatheredEvidence(directory)
     ask: dict[int, int] = {}
     for rank, pid in sorted(live.items()):
         if is_stopped(proc_state(pid)):

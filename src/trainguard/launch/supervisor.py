@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard import errors
 from trainguard.events import FailureDetected, RunEnded
-from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.config import SupervisorConfig, parse_signals
 from trainguard.protocol import read_heartbeat
 from trainguard.rundir import RunDir
 
@@ -59,9 +61,32 @@ def _completed_steps(agent: Any) -> int | None:
     return best
 
 
+@contextlib.contextmanager
+def torch_agent_environment(cfg: SupervisorConfig) -> Iterator[None]:
+    """The settings torch's elastic agent reads from this process's environment while it runs, set for
+    the duration of one `supervise` call and restored afterwards (see docs/decisions.md)."""
+    settings = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # gloo restarts need a fresh store per attempt
+    if cfg.signals_to_handle is not None:  # read when the agent starts each attempt's workers
+        settings["TORCHELASTIC_SIGNALS_TO_HANDLE"] = parse_signals(cfg.signals_to_handle)
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     """Run the job's workers on this node until it completes, fails for good, or this node is excluded."""
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # gloo restarts need a fresh store per attempt
+    with torch_agent_environment(cfg):
+        return _supervise(cfg)
+
+
+def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -102,6 +127,9 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
                 handler.shutdown()
             except Exception as exc:
                 log.debug("rendezvous shutdown: %s", exc)
+    agent.beat.stop(status)  # a final state: peers must not take an ended agent for a lost node
+    if agent.inprocess is not None:
+        agent.inprocess.close()  # the waiting warm spares
     steps = _completed_steps(agent) if agent.attempt >= 0 else None
     if agent.leader and status != "excluded":  # an excluded node no longer speaks for the job
         agent.emit(RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status,
@@ -157,7 +185,7 @@ def worker_entry(cfg: SupervisorConfig) -> tuple[str, tuple[str, ...]]:
 
 
 def rendezvous_parameters(cfg: SupervisorConfig) -> Any:
-    """torch's rendezvous parameters for this node (c10d or static)."""
+    """torch's rendezvous parameters for this node (c10d, etcd-v2 or static)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     extra: dict[str, Any] = dict(cfg.rdzv_conf)
@@ -184,7 +212,7 @@ def unfired_faults(cfg: SupervisorConfig) -> tuple[str, ...]:
     chaos_dir = cfg.layout.chaos_dir
     out = []
     for f in faults:
-        marker = f"unhealthy-{f.node}" if f.kind in chaos.NODE_KINDS else f"fired-{f.index}"
+        marker = f"unhealthy-{f.node}" if f.kind == "unhealthy" else f"fired-{f.index}"
         if not (chaos_dir / marker).exists():
             out.append(f.to_spec())
     return tuple(out)

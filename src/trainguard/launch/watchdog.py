@@ -49,6 +49,16 @@ class WatchdogConfig:
     alive_stale_seconds: float = 5.0
     """A rank whose background thread has not written for this long is stopped or frozen (it writes ~1 Hz)."""
 
+    def __post_init__(self) -> None:
+        for name in ("floor_seconds", "multiplier", "first_step_allowance_seconds", "checkpoint_allowance_seconds",
+                     "alive_stale_seconds"):
+            value = getattr(self, name)
+            # `not (0 < x < 1e6)` also refuses NaN, which would make every comparison false (never a hang).
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < 1e6):
+                raise ValueError(f"{name} must be a positive number below 1e6, got {value!r}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not (1 <= self.samples <= 100_000):
+            raise ValueError(f"samples must be a whole number from 1 to 100000, got {self.samples!r}")
+
     def max_timeout_seconds(self) -> float:
         """The longest the watchdog can wait: the process-group timeout must exceed this."""
         return max(self.first_step_allowance_seconds, self.checkpoint_allowance_seconds, self.floor_seconds)

@@ -159,6 +159,63 @@ def _analyze(
 ) -> LocalizationReport:
     t0 = time.perf_counter()
     warnings = list(warnings or [])
+    matcher, versions, candidates = _match_all(dumps, warnings)
+    if not matcher.ranks:
+        reasons = "; ".join(f"{w.file}: {w.message}" for w in warnings[:3])
+        raise InputError(f"{path or 'input'}: no valid flight-recorder dump among {candidates} file(s)"
+                         + (f" ({reasons})" if reasons else ""))
+    counts = Counter(v for v, _ in versions.values())
+    warnings.extend(_mixed_version_warnings(versions, counts))
+    # Ranks are capped at MAX_RANK wherever they come from, so the expected world stays bounded.
+    hosts = {r: h for r, h in (rank_hosts or {}).items() if 0 <= r <= MAX_RANK}
+    if world_size > MAX_RANK + 1:
+        warnings.append(FileWarning("world size", f"{world_size} ignored (above {MAX_RANK + 1})"))
+        world_size = 0
+    unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
+    world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable) + 1)) | set(hosts)
+             | set(range(world_size)))
+    ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable,
+                  empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory))
+    notes: list[Gap] = []
+    problems = order_problems(group_problems(matcher, ctx, notes))
+    records, decisive = missing_records(ctx, notes)
+    if not problems and unreadable:
+        problems = [_incomplete(sorted(unreadable), warnings, hosts, records)]
+    elif not problems and decisive:
+        # Nothing recorded shows a problem, but what is not recorded could: say so rather than "healthy".
+        problems = [_insufficient(records, sorted(matcher.empty_ranks), hosts, bool(matcher.groups))]
+    missing = sorted(world - matcher.ranks)
+    warnings.extend(_missing_rank_warnings(missing, unreadable))
+    backend = next(iter(matcher.backends)) if len(matcher.backends) == 1 else (
+        "mixed" if matcher.backends else "unknown")
+    if problems:
+        top = problems[0]
+        text = top.explanation
+        if unreadable and "could not be read" not in text:
+            text += f" {_unreadable_sentence(sorted(unreadable))}"
+        report = LocalizationReport(
+            verdict=top.verdict, process_group=top.process_group or None, collective_seq=top.collective_seq,
+            op=top.op or None, culprit_ranks=top.culprit_ranks, culprit_hosts=top.culprit_hosts,
+            explanation=text, problems=tuple(problems), warnings=tuple(warnings),
+            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
+            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+            unreadable_ranks=tuple(sorted(unreadable)), missing_records=tuple(records),
+        )
+    else:
+        report = LocalizationReport(
+            verdict="healthy", process_group=None, collective_seq=None, op=None, culprit_ranks=(),
+            culprit_hosts=(), explanation=_healthy_text(matcher), problems=(), warnings=tuple(warnings),
+            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
+            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
+            missing_records=tuple(records),
+        )
+    return report
+
+
+def _match_all(dumps: Iterable[Dump | FileWarning],
+               warnings: list[FileWarning]) -> tuple[Matcher, dict[int, tuple[str, str]], int]:
+    """Feed every readable dump to a matcher, one in memory at a time; the rest become warnings.
+    Also: each rank's (format version, file name), and how many candidate files there were."""
     matcher = Matcher()
     versions: dict[int, tuple[str, str]] = {}
     candidates = 0
@@ -181,71 +238,35 @@ def _analyze(
         versions[d.rank] = (d.fmt.version, d.path.name)
         del d  # free this dump before the next one is read: one dump in memory at a time
     matcher.finish()
-    if not matcher.ranks:
-        reasons = "; ".join(f"{w.file}: {w.message}" for w in warnings[:3])
-        raise InputError(f"{path or 'input'}: no valid flight-recorder dump among {candidates} file(s)"
-                         + (f" ({reasons})" if reasons else ""))
-    counts = Counter(v for v, _ in versions.values())
-    if len(counts) > 1:
-        common = counts.most_common(1)[0][0]
-        for rank, (v, name) in sorted(versions.items()):
-            if v != common:
-                warnings.append(FileWarning(name, f"rank {rank} wrote format {v or '?'} but most ranks "
-                                                  f"wrote {common}: mixed torch versions; analysed anyway"))
-    # Ranks are capped at MAX_RANK wherever they come from, so the expected world stays bounded.
-    hosts = {r: h for r, h in (rank_hosts or {}).items() if 0 <= r <= MAX_RANK}
-    if world_size > MAX_RANK + 1:
-        warnings.append(FileWarning("world size", f"{world_size} ignored (above {MAX_RANK + 1})"))
-        world_size = 0
-    unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
-    world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable) + 1)) | set(hosts)
-             | set(range(world_size)))
-    ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable,
-                  empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory))
-    notes: list[Gap] = []
-    problems = order_problems(group_problems(matcher, ctx, notes))
-    records, decisive = missing_records(ctx, notes)
-    if not problems and unreadable:
-        problems = [_incomplete(sorted(unreadable), warnings, hosts, records)]
-    elif not problems and decisive:
-        # Nothing recorded shows a problem, but what is not recorded could: say so rather than "healthy".
-        problems = [_insufficient(records, sorted(matcher.empty_ranks), hosts, bool(matcher.groups))]
-    missing = sorted(world - matcher.ranks)
-    for r in [r for r in missing if r not in unreadable][:_MAX_RANK_WARNINGS]:
-        warnings.append(FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
-                                                 "the rank map or the run's events)"))
+    return matcher, versions, candidates
+
+
+def _mixed_version_warnings(versions: dict[int, tuple[str, str]], counts: Counter[str]) -> list[FileWarning]:
+    """One warning per rank whose dump format differs from most ranks' (mixed torch versions)."""
+    if len(counts) <= 1:
+        return []
+    common = counts.most_common(1)[0][0]
+    return [FileWarning(name, f"rank {rank} wrote format {v or '?'} but most ranks "
+                              f"wrote {common}: mixed torch versions; analysed anyway")
+            for rank, (v, name) in sorted(versions.items()) if v != common]
+
+
+def _missing_rank_warnings(missing: list[int], unreadable: frozenset[int]) -> list[FileWarning]:
+    out = [FileWarning(f"rank {r}", "no dump for this rank (expected from the other ranks, "
+                                    "the rank map or the run's events)")
+           for r in [r for r in missing if r not in unreadable][:_MAX_RANK_WARNINGS]]
     if len(missing) > _MAX_RANK_WARNINGS:
-        warnings.append(FileWarning("ranks", f"{len(missing) - _MAX_RANK_WARNINGS} more ranks without a dump"))
-    backend = next(iter(matcher.backends)) if len(matcher.backends) == 1 else (
-        "mixed" if matcher.backends else "unknown")
-    if problems:
-        top = problems[0]
-        text = top.explanation
-        if unreadable and "could not be read" not in text:
-            text += f" {_unreadable_sentence(sorted(unreadable))}"
-        report = LocalizationReport(
-            verdict=top.verdict, process_group=top.process_group or None, collective_seq=top.collective_seq,
-            op=top.op or None, culprit_ranks=top.culprit_ranks, culprit_hosts=top.culprit_hosts,
-            explanation=text, problems=tuple(problems), warnings=tuple(warnings),
-            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
-            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
-            unreadable_ranks=tuple(sorted(unreadable)), missing_records=tuple(records),
-        )
-    else:
-        ngroups = len(matcher.groups)
-        text = (f"{len(matcher.ranks)} rank(s), {ngroups} process group(s): every collective matched across "
-                "ranks and none is stuck.")
-        if "gloo" in matcher.backends:
-            text += (" (gloo records no send/recv: a hang in point-to-point ops of a group without recorded "
-                     "collectives would not show here.)")
-        report = LocalizationReport(
-            verdict="healthy", process_group=None, collective_seq=None, op=None, culprit_ranks=(),
-            culprit_hosts=(), explanation=text, problems=(), warnings=tuple(warnings),
-            ranks_analyzed=tuple(sorted(matcher.ranks)), missing_ranks=tuple(missing), backend=backend,
-            format_versions=tuple(sorted(counts)), path=path, seconds=time.perf_counter() - t0,
-            missing_records=tuple(records),
-        )
-    return report
+        out.append(FileWarning("ranks", f"{len(missing) - _MAX_RANK_WARNINGS} more ranks without a dump"))
+    return out
+
+
+def _healthy_text(matcher: Matcher) -> str:
+    text = (f"{len(matcher.ranks)} rank(s), {len(matcher.groups)} process group(s): every collective matched "
+            "across ranks and none is stuck.")
+    if "gloo" in matcher.backends:
+        text += (" (gloo records no send/recv: a hang in point-to-point ops of a group without recorded "
+                 "collectives would not show here.)")
+    return text
 
 
 def _unreadable_sentence(ranks: list[int]) -> str:

@@ -9,6 +9,7 @@ anything the restricted unpickler can build (cycles included).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.localize.reader import MAX_FIELD_INT, DumpError, describe
@@ -71,41 +72,49 @@ def _frames_ok(v: Any, seen: set[int]) -> bool:
     return True
 
 
+def _bool_ok(v: Any) -> bool:
+    return v.__class__ is bool
+
+
+def _pg_id_ok(v: Any) -> bool:
+    return _int_ok(v) or _text_ok(v)
+
+
+def _process_group_ok(v: Any) -> bool:
+    return v.__class__ in (list, tuple) and 0 < len(v) <= 8 and all(_text_ok(x) for x in v)
+
+
+_PROCESS_GROUP = (("process_group",), _process_group_ok, "a (name, description) pair of strings")
+_FRAMES = "a list of {name, filename, line}"
+# (fields, check, what they must be), in the order an entry is checked: its first bad field is named.
+_ENTRY_CHECKS: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    (_INT_FIELDS, _int_ok, "an integer"),
+    (_TEXT_FIELDS, _text_ok, "a string"),
+    (_BOOL_FIELDS, _bool_ok, "true or false"),
+    (_SIZE_FIELDS, _sizes_ok, "a list of lists of integers"),
+    (_DTYPE_FIELDS, _dtypes_ok, "a list of strings"),
+    (("pg_id",), _pg_id_ok, "an integer or a string"),
+    _PROCESS_GROUP,
+)
+
+
+def _require(e: dict[str, Any], index: int, fields: tuple[str, ...], ok: Callable[[Any], bool],
+             expected: str) -> None:
+    """Raise `DumpError` for the first of ``fields`` present in ``e`` that ``ok`` refuses."""
+    for k in fields:
+        v = e.get(k)
+        if v is not None and not ok(v):
+            raise _bad(index, k, v, expected)
+
+
 def check_entry(e: dict[str, Any], index: int, seen_frames: set[int]) -> None:
     """Raise `DumpError` naming entry ``index``'s first field of the wrong type (absent fields are fine).
 
     ``seen_frames``: ids of frame dicts already checked in this dump (the objects stay alive meanwhile).
     """
-    get = e.get
-    for k in _INT_FIELDS:
-        v = get(k)
-        if v is not None and not _int_ok(v):
-            raise _bad(index, k, v, "an integer")
-    for k in _TEXT_FIELDS:
-        v = get(k)
-        if v is not None and not _text_ok(v):
-            raise _bad(index, k, v, "a string")
-    for k in _BOOL_FIELDS:
-        v = get(k)
-        if v is not None and v.__class__ is not bool:
-            raise _bad(index, k, v, "true or false")
-    for k in _SIZE_FIELDS:
-        v = get(k)
-        if v is not None and not _sizes_ok(v):
-            raise _bad(index, k, v, "a list of lists of integers")
-    for k in _DTYPE_FIELDS:
-        v = get(k)
-        if v is not None and not _dtypes_ok(v):
-            raise _bad(index, k, v, "a list of strings")
-    v = get("pg_id")
-    if v is not None and not (_int_ok(v) or _text_ok(v)):
-        raise _bad(index, "pg_id", v, "an integer or a string")
-    v = get("process_group")
-    if v is not None and not (v.__class__ in (list, tuple) and 0 < len(v) <= 8 and all(_text_ok(x) for x in v)):
-        raise _bad(index, "process_group", v, "a (name, description) pair of strings")
-    v = get("frames")
-    if v is not None and not _frames_ok(v, seen_frames):
-        raise _bad(index, "frames", v, "a list of {name, filename, line}")
+    for fields, ok, expected in _ENTRY_CHECKS:
+        _require(e, index, fields, ok, expected)
+    _require(e, index, ("frames",), lambda v: _frames_ok(v, seen_frames), _FRAMES)
 
 
 # Fields an entry of a clone (a rank whose relative trace equals a checked template's) is not compared
@@ -117,20 +126,12 @@ def check_clone_entry(e: dict[str, Any], index: int, like: dict[str, Any], seen_
     """`check_entry` for an entry equal to the checked template entry ``like`` in every compared field
     (pg_id, sequence number, op name, sizes, dtypes, state, retired): only the other fields are checked;
     frames equal to the template's need no check either. Raises `DumpError` like `check_entry`."""
-    get = e.get
-    for k in _CLONE_INT_FIELDS:
-        v = get(k)
-        if v is not None and not _int_ok(v):
-            raise _bad(index, k, v, "an integer")
-    v = get("process_group")
-    if v is not None and not (v.__class__ in (list, tuple) and 0 < len(v) <= 8 and all(_text_ok(x) for x in v)):
-        raise _bad(index, "process_group", v, "a (name, description) pair of strings")
-    v = get("frames")
-    if v is not None:
-        t = like.get("frames")
-        # a list compares its length first: a hostile one differs at once, without deep recursion
-        if v is not t and v != t and not _frames_ok(v, seen_frames):
-            raise _bad(index, "frames", v, "a list of {name, filename, line}")
+    _require(e, index, _CLONE_INT_FIELDS, _int_ok, "an integer")
+    _require(e, index, *_PROCESS_GROUP)
+    template_frames = like.get("frames")
+    # a list compares its length first: a hostile one differs at once, without deep recursion
+    _require(e, index, ("frames",),
+             lambda v: v is template_frames or v == template_frames or _frames_ok(v, seen_frames), _FRAMES)
 
 
 def _bad(index: int, key: str, value: Any, expected: str) -> DumpError:

@@ -20,11 +20,19 @@ import itertools
 import logging
 import operator
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.localize.entries import (
+    as_int,
+    compared_dtypes,
+    entry_frames,
+    finished,
+    gloo_and_finished,
+    make_view,
+    name_info,
+)
 from trainguard.localize.fields import check_clone_entry, check_entry
 from trainguard.localize.model import EntryView, RankGroupState
 from trainguard.localize.reader import MAX_RANK, Dump
@@ -33,26 +41,6 @@ log = logging.getLogger(__name__)
 
 HOLDER_CAP = 64
 """Ranks remembered per signature and sequence number; beyond that only a count is kept."""
-MAX_FRAMES = 12
-# Ops whose sizes legitimately differ between ranks (uneven splits, root-only buffers).
-_RANK_DEPENDENT_SIZES = frozenset(
-    {"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter",
-     "allgather_v", "reduce_scatter_v", "all_gather_into_tensor_coalesced", "coalesced"}
-)
-
-
-def _dtypes(e: dict[str, Any], rank_dependent: bool) -> tuple[Any, Any]:
-    """The dtypes that must agree across ranks. Rooted ops (gather, scatter) fill only the root's output
-    (or input) side, so for them only the set of dtypes a rank used is compared, not each side."""
-    ins, outs = e.get("input_dtypes"), e.get("output_dtypes")
-    if not rank_dependent:
-        return ins, outs
-    return tuple(sorted({str(d) for d in [*(ins or ()), *(outs or ())]})), None
-
-
-_P2P_NAME = re.compile(r"^(send|recv)\b")
-_SEND = re.compile(r"send\s+(\d+)\s*->\s*(\d+)")
-_RECV = re.compile(r"recv\s+(\d+)\s*<-\s*(\d+)")
 _FAST_GET = operator.itemgetter("pg_id", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
                                 "input_dtypes", "output_dtypes", "state", "retired")
 _TEMPLATES = 4
@@ -84,9 +72,8 @@ class Variant:
     @property
     def view(self) -> EntryView:
         """The entry as evidence."""
-        gloo = self.gloo
-        done = self.entry.get("retired") is True if gloo else self.entry.get("state") == "completed"
-        return make_view(self.entry_rank, self.entry, self.seq, False, done, gloo, self.members)
+        done = finished(self.entry, self.gloo)
+        return make_view(self.entry_rank, self.entry, self.seq, False, done, self.gloo, self.members)
 
     def add(self, ranks: list[int]) -> None:
         self.count += len(ranks)
@@ -150,7 +137,7 @@ class _Template:
         if cached is None:
             te = self.entries[pos]  # type: ignore[index]  # a template that takes clones keeps its entries
             raw = te.get("frames")
-            cached = self.views[pos] = (te, raw, _frames(raw))
+            cached = self.views[pos] = (te, raw, entry_frames(raw))
         te, raw, frames = cached
         return te, (frames if e.get("frames") == raw else None)
 
@@ -185,41 +172,6 @@ class GroupAcc:
         return min(bad) if bad else None
 
 
-def _int(value: Any, default: int = -1) -> int:
-    return value if isinstance(value, int) else default
-
-
-def op_name(profiling_name: str) -> str:
-    """'gloo:all_reduce' -> 'all_reduce'; 'nccl:send 0->1' -> 'send'."""
-    name = profiling_name.split(":", 1)[1] if ":" in profiling_name else profiling_name
-    return name.split(" ", 1)[0]
-
-
-def _name_info(profiling_name: str) -> tuple[str, bool, bool, bool]:
-    """(op, sizes differ by rank legitimately, gloo, point-to-point by name) for one profiling name."""
-    op = op_name(profiling_name)
-    return (op, op in _RANK_DEPENDENT_SIZES, profiling_name.startswith("gloo:"), bool(_P2P_NAME.match(op)))
-
-
-def _text(v: Any) -> str:
-    # entries are type-checked before they become evidence; this only keeps a miss harmless
-    if isinstance(v, str):
-        return v[:300]
-    return str(v) if isinstance(v, int) and -(10**18) < v < 10**18 else "?"
-
-
-def _frames(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, (list, tuple)):
-        return ()
-    out = []
-    for f in raw[:MAX_FRAMES]:
-        if isinstance(f, dict):
-            # interned: thousands of ranks share the same frames
-            out.append(sys.intern(f"{_text(f.get('name', '?'))} ({_text(f.get('filename', '?'))}:"
-                                  f"{_text(f.get('line', '?'))})"))
-    return tuple(out)
-
-
 _RANK_LIST = re.compile(r"\s*\[\s*(?:\d{1,7}\s*(?:,\s*\d{1,7}\s*)*,?\s*)?\]\s*")
 
 
@@ -240,48 +192,6 @@ def _parse_ranks(raw: Any) -> tuple[int, ...] | None:
     if not all(v.__class__ is int and 0 <= v <= MAX_RANK for v in vals):
         return None
     return tuple(vals) or None
-
-
-def make_view(rank: int, e: dict[str, Any], seq: int, is_p2p: bool, done: bool, gloo: bool,
-              members: tuple[int, ...] | None, like: dict[str, Any] | None = None,
-              frames: tuple[str, ...] | None = None) -> EntryView:
-    """The evidence record of one raw entry.
-
-    ``like``: an entry of another rank equal to ``e`` in name, sizes, dtypes, state and retired, whose
-    objects are shared instead of keeping ``e``'s; ``frames``: ``e``'s frames, already formatted.
-    """
-    s = e if like is None else like
-    prof = str(s.get("profiling_name", ""))
-    peer = None
-    if is_p2p:
-        m = _SEND.search(prof) or _RECV.search(prof)
-        if m:
-            local = int(m.group(2))
-            peer = members[local] if members and local < len(members) else local
-    after = e.get("collective_seq_id") if is_p2p else None
-    started = e.get("time_discovered_started_ns")
-    state = str(s.get("state", ""))
-    if not gloo and state == "scheduled" and started:
-        state = "started"
-    return EntryView(
-        rank=rank,
-        record_id=_int(e.get("record_id")),
-        seq=seq,
-        op=op_name(prof),
-        profiling_name=prof,
-        is_p2p=is_p2p,
-        state=state,
-        completed=done,
-        input_sizes=s.get("input_sizes"),
-        output_sizes=s.get("output_sizes"),
-        input_dtypes=s.get("input_dtypes"),
-        output_dtypes=s.get("output_dtypes"),
-        peer=peer,
-        frames=_frames(e.get("frames")) if frames is None else frames,
-        time_created_ns=e.get("time_created_ns"),
-        retired=bool(s.get("retired")),
-        after_seq=after if after.__class__ is int else None,
-    )
 
 
 class Matcher:
@@ -320,20 +230,7 @@ class Matcher:
         """Match one rank's entries against what was read before; the dump can be dropped afterwards."""
         rank = dump.rank
         entries = dump.entries
-        fast = dump.fmt.seq_key == "collective_seq_id" and bool(entries)
-        template: _Template | None = None
-        if fast:
-            try:
-                for t in self._templates:
-                    # Compared entry by entry as the relative trace is built: no list of the rank's own
-                    # signatures is made (or freed) when it equals a template, which is the common case.
-                    tsigs = t.sigs
-                    if (tsigs is not None and len(tsigs) == len(entries)
-                            and all(map(operator.eq, map(_FAST_GET, entries), tsigs))):
-                        template = t
-                        break
-            except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
-                fast = False
+        template, fast = self._equal_template(dump)
         # Type checks come before any state changes, so a refused dump leaves no trace: equality with a
         # checked template covers the compared fields; what a clone turns into evidence is checked here.
         if template is None or not self._check_clone(rank, entries, template):
@@ -342,25 +239,7 @@ class Matcher:
             for i, e in enumerate(entries):
                 if e.__class__ is dict:
                     check_entry(e, i, checked)
-        self.ranks.add(rank)
-        if not entries:
-            self.empty_ranks.add(rank)
-        self.versions[dump.fmt.version] = self.versions.get(dump.fmt.version, 0) + 1
-        if dump.pg_config and not self._config_read:
-            # Every rank lists every group (groups are created collectively): read it once.
-            self._config_read = True
-            self._pg_config = dump.pg_config
-            for key, cfg in dump.pg_config.items():
-                if not key or not isinstance(cfg, dict) or not cfg.get("name", key):
-                    continue  # gloo writes one broken entry keyed '': ignore it
-                ranks = _parse_ranks(cfg.get("ranks"))
-                g = self._group(str(key), str(cfg.get("desc", "")))
-                if ranks and g.config_ranks is None:
-                    g.config_ranks = ranks
-        for e in entries[:1]:
-            prof = e.get("profiling_name") if isinstance(e, dict) else None
-            if isinstance(prof, str) and ":" in prof:
-                self.backends.add(prof.split(":", 1)[0])
+        self._note_dump(dump)
         touched = None
         if template is not None:
             touched = self._clone(rank, entries, dump.pg_config, template)
@@ -380,6 +259,45 @@ class Matcher:
             seen = self._seen[g.name] = self._seen.get(g.name, 0) + 1
             if g.config_ranks and not g.finalized and seen >= len(g.config_ranks):
                 self._finalize(g)
+
+    def _equal_template(self, dump: Dump) -> tuple[_Template | None, bool]:
+        """A recent template whose relative trace equals the dump's, and whether the fast path applies."""
+        entries = dump.entries
+        if dump.fmt.seq_key != "collective_seq_id" or not entries:
+            return None, False
+        try:
+            for t in self._templates:
+                # Compared entry by entry as the relative trace is built: no list of the rank's own
+                # signatures is made (or freed) when it equals a template, which is the common case.
+                tsigs = t.sigs
+                if (tsigs is not None and len(tsigs) == len(entries)
+                        and all(map(operator.eq, map(_FAST_GET, entries), tsigs))):
+                    return t, True
+        except (KeyError, TypeError, IndexError):  # a field missing, or an entry that is not a dict
+            return None, False
+        return None, True
+
+    def _note_dump(self, dump: Dump) -> None:
+        """What a dump says beyond its entries: rank, format version, group configs, backend."""
+        self.ranks.add(dump.rank)
+        if not dump.entries:
+            self.empty_ranks.add(dump.rank)
+        self.versions[dump.fmt.version] = self.versions.get(dump.fmt.version, 0) + 1
+        if dump.pg_config and not self._config_read:
+            # Every rank lists every group (groups are created collectively): read it once.
+            self._config_read = True
+            self._pg_config = dump.pg_config
+            for key, cfg in dump.pg_config.items():
+                if not key or not isinstance(cfg, dict) or not cfg.get("name", key):
+                    continue  # gloo writes one broken entry keyed '': ignore it
+                ranks = _parse_ranks(cfg.get("ranks"))
+                g = self._group(str(key), str(cfg.get("desc", "")))
+                if ranks and g.config_ranks is None:
+                    g.config_ranks = ranks
+        for e in dump.entries[:1]:
+            prof = e.get("profiling_name") if isinstance(e, dict) else None
+            if isinstance(prof, str) and ":" in prof:
+                self.backends.add(prof.split(":", 1)[0])
 
     def _check_clone(self, rank: int, entries: list[dict[str, Any]], t: _Template) -> bool:
         """Whether the rank can be recorded as a clone of ``t``; type-checks the entries that would become
@@ -422,7 +340,7 @@ class Matcher:
             members = g.config_ranks
             if slot.last_pos >= 0:
                 e = entries[slot.last_pos]
-                gloo, done = _done(e)
+                gloo, done = gloo_and_finished(e)
                 like, frames = t.view_source(slot.last_pos, e)
                 st.last = make_view(rank, e, slot.last_seq, False, done, gloo, members, like, frames)
                 # op ids are not part of the compared trace: ranks with equal collectives can differ in
@@ -431,7 +349,7 @@ class Matcher:
             for pos, seq, is_p2p in slot.active:
                 e = entries[pos]
                 like, frames = t.view_source(pos, e)
-                st.active.append(make_view(rank, e, seq, is_p2p, False, _done(e)[0], members, like, frames))
+                st.active.append(make_view(rank, e, seq, is_p2p, False, gloo_and_finished(e)[0], members, like, frames))
             t.virtual.setdefault((pg_id, g.name), []).append(rank)
             g.sources[(id(t), pg_id)] = (t, pg_id)
             touched.append(g)
@@ -456,16 +374,11 @@ class Matcher:
             prof = e.get("profiling_name") or ""
             info = names.get(prof)
             if info is None:
-                info = names[prof] = _name_info(prof)
+                info = names[prof] = name_info(prof)
             op, rank_dependent, gloo, p2p_by_name = info
-            done = e.get("retired") is True if gloo else e.get("state") == "completed"
+            done = finished(e, gloo)
             if e.get("is_p2p") if has_flag else p2p_by_name:
-                p2p_seq = _int(e.get("p2p_seq_id", e.get(seq_key)))
-                if p2p_seq > slot.last_p2p_seq:
-                    slot.last_p2p_seq = st.last_p2p_seq = p2p_seq
-                if not done:
-                    st.active.append(make_view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
-                    slot.active.append((idx, p2p_seq, True))
+                _note_p2p(rank, idx, e, seq_key, done, gloo, g, st, slot)
                 continue
             seq = e.get(seq_key)
             if seq.__class__ is not int:
@@ -482,7 +395,7 @@ class Matcher:
             else:
                 in_sizes = e.get("input_sizes")
                 out_sizes = e.get("output_sizes")
-            in_dtypes, out_dtypes = _dtypes(e, rank_dependent)
+            in_dtypes, out_dtypes = compared_dtypes(e, rank_dependent)
             rec = g.seqs.get(seq)
             if (rec is not None and rec.op == op and rec.in_sizes == in_sizes and rec.out_sizes == out_sizes
                     and rec.in_dtypes == in_dtypes and rec.out_dtypes == out_dtypes):
@@ -493,6 +406,13 @@ class Matcher:
             else:
                 sig = (op, in_sizes, out_sizes, in_dtypes, out_dtypes)
                 self._record(g, rec, rank, seq, e, sig, gloo, [rank])
+        return self._close_slots(rank, entries, seq_key, local, sigs)
+
+    def _close_slots(self, rank: int, entries: list[dict[str, Any]], seq_key: str,
+                     local: dict[Any, tuple[GroupAcc, RankGroupState, _Slot, Any]],
+                     sigs: list[tuple[Any, ...]] | None) -> list[GroupAcc]:
+        """After a rank was matched entry by entry: its last entry per group, and the rank as a template
+        when its relative trace is known and its pg_ids are distinct."""
         template = None
         if sigs is not None and len({pg_id for *_, pg_id in local.values()}) == len(local):
             template = _Template(rank, sigs, entries, {}, {})
@@ -503,7 +423,7 @@ class Matcher:
             slot.last_seq = st.last_seq
             if slot.last_pos >= 0:
                 e = entries[slot.last_pos]
-                gloo, done = _done(e)
+                gloo, done = gloo_and_finished(e)
                 st.last = make_view(rank, e, st.last_seq, False, done, gloo, g.config_ranks)
                 _op_counts(st, entries, slot, seq_key, gloo)
             if template is not None:
@@ -583,12 +503,12 @@ class Matcher:
             prof = e.get("profiling_name") or ""
             info = names.get(prof)
             if info is None:
-                info = names[prof] = _name_info(prof)
+                info = names[prof] = name_info(prof)
             op, rank_dependent, gloo, _ = info
             seq = e["collective_seq_id"]
             in_sizes = None if rank_dependent else e.get("input_sizes")
             out_sizes = None if rank_dependent else e.get("output_sizes")
-            sig = (op, in_sizes, out_sizes, *_dtypes(e, rank_dependent))
+            sig = (op, in_sizes, out_sizes, *compared_dtypes(e, rank_dependent))
             rec = g.seqs.get(seq)
             if rec is not None and (rec.op, rec.in_sizes, rec.out_sizes, rec.in_dtypes, rec.out_dtypes) == sig:
                 rec.ref.add(ranks)
@@ -623,6 +543,17 @@ class Matcher:
         self._pending.clear()
 
 
+def _note_p2p(rank: int, idx: int, e: dict[str, Any], seq_key: str, done: bool, gloo: bool, g: GroupAcc,
+              st: RankGroupState, slot: _Slot) -> None:
+    """A send/recv entry: its p2p sequence number, and its evidence while unfinished."""
+    p2p_seq = as_int(e.get("p2p_seq_id", e.get(seq_key)))
+    if p2p_seq > slot.last_p2p_seq:
+        slot.last_p2p_seq = st.last_p2p_seq = p2p_seq
+    if not done:
+        st.active.append(make_view(rank, e, p2p_seq, True, done, gloo, g.config_ranks))
+        slot.active.append((idx, p2p_seq, True))
+
+
 def _op_counts(st: RankGroupState, entries: list[dict[str, Any]], slot: _Slot, seq_key: str, gloo: bool) -> None:
     """Read the op ids around the rank's last collective entry of one group.
 
@@ -647,10 +578,3 @@ def _op_counts(st: RankGroupState, entries: list[dict[str, Any]], slot: _Slot, s
         if o.__class__ is int and q.__class__ is int and -_INT64 < o < _INT64 and -_INT64 < q < _INT64:
             vals.append(o - q)
     st.recent_gaps = tuple(b - a for a, b in itertools.pairwise(vals))
-
-
-def _done(e: dict[str, Any]) -> tuple[bool, bool]:
-    """(gloo, finished) for one raw entry."""
-    prof = e.get("profiling_name") or ""
-    gloo = prof.startswith("gloo:")
-    return gloo, (e.get("retired") is True if gloo else e.get("state") == "completed")

@@ -242,132 +242,194 @@ class Gap:
     """It could hide a problem: with no problem found, the verdict is ``insufficient-evidence``."""
 
 
+@dataclass(frozen=True)
+class _Standoff:
+    """One group at its newest collective: who entered it and waits, who stayed behind, what is unknown."""
+
+    label: str
+    """The group as the explanation names it."""
+    op: str
+    """The operation the waiting ranks are in."""
+    top: int
+    """Its collective sequence number: the newest any member entered."""
+    progress: dict[int, _Progress]
+    """How far each member with entries got."""
+    behind: tuple[int, ...]
+    """Members that never entered it."""
+    waiting: tuple[int, ...]
+    """Members that entered it and did not finish (or, on gloo, saw it fail)."""
+    waiting_views: list[EntryView]
+    """Their entries for it."""
+    failed: bool
+    """On gloo: the leaders retired it although members stayed behind, so it failed there."""
+    missing: list[int]
+    """Members that left no dump."""
+    unreadable: list[int]
+    """Members whose dump could not be read."""
+    empty: list[int]
+    """Members whose dump holds no entries."""
+    unknown_text: str
+    """The sentence about unreadable and empty members ("" if none)."""
+    p2p_line: str
+    """What gloo left unrecorded in this group ("" if nothing)."""
+    p2p_text: str
+    """The sentence about lagging ranks that may be blocked in unrecorded send/recv."""
+
+
+_Finding = tuple[str, float, str, tuple[int, ...], tuple[str, ...]]
+"""(verdict, confidence, explanation, culprit ranks, further records the verdict would need)."""
+
+
+def _plural(items: list[int] | tuple[int, ...]) -> str:
+    return "s" if len(items) > 1 else ""
+
+
+def _behind_hang(s: _Standoff, g: GroupAcc, members: list[int], ctx: Context, present: list[int], gloo: bool,
+                 extra: list[Problem]) -> _Finding:
+    """Some members wait in the collective and others never entered it: those are the culprits."""
+    behind, waiting, culprits = s.behind, s.waiting, tuple(sorted(set(s.behind) | set(s.missing)))
+    lag = ", ".join(f"rank {r} at {s.progress[r].seq if s.progress[r].seq >= 0 else 'none'}" for r in behind[:_SHOW])
+    if s.failed:
+        text = (f"In {s.label}, rank{_plural(waiting)} {_names(waiting)} entered {s.op} (collective "
+                f"sequence number {s.top}) and gloo retired it, which it does for failed work too; "
+                f"rank{_plural(behind)} {_names(behind)} never entered it (last entered: "
+                f"{lag}), and a collective cannot finish without every member, so it failed there "
+                "(most likely timed out waiting). ")
+    else:
+        text = (f"In {s.label}, rank{_plural(waiting)} {_names(waiting)} entered {s.op} (collective "
+                f"sequence number {s.top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
+                f"rank{_plural(behind)} {_names(behind)} never entered it (last entered: "
+                f"{lag}). ")
+    text += ("They are the culprits: their stacks show what they do instead." if len(behind) > 1 else
+             "It is the culprit: its stack shows what it does instead.")
+    odd = [r for r in _irregular(g, present) if r not in culprits] if gloo else []
+    if odd:
+        extra.append(_skipped(g, members, ctx, odd, behind, s.top, s.p2p_line))
+        text += (f" Rank{_plural(odd)} {_names(odd)} most likely skipped a send or "
+                 "receive (see the p2p-hang).")
+    text += s.p2p_text
+    if s.missing:
+        text += f" Rank{_plural(s.missing)} {_names(s.missing)} left no dump."
+    text += s.unknown_text
+    return "hang", (0.7 if s.failed or s.p2p_line else 0.9), text, culprits, ()
+
+
+def _crash_before_dump(s: _Standoff) -> _Finding:
+    """Every dumped member waits, and members without a dump never answered: they died."""
+    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} wait in {s.op} "
+            f"(collective sequence number {s.top}) for rank{_plural(s.missing)} "
+            f"{_names(s.missing)}, which left no dump: the process died (or was killed) before "
+            "it could be asked for one." + s.unknown_text)
+    return "crash", 0.9, text, tuple(sorted(s.missing)), ()
+
+
+def _unknown_members(s: _Standoff) -> _Finding:
+    """Every readable member waits; only the unknown ones can say whether they entered: an unknown
+    rank is never evidence that the collective is merely in flight."""
+    unreadable, empty = s.unreadable, s.empty
+    unknown = sorted(set(unreadable) | set(empty))
+    what = []
+    if unreadable:
+        what.append(f"the dump{_plural(unreadable)} of rank{_plural(unreadable)} {_names(unreadable)} "
+                    "could not be read")
+    if empty:
+        what.append(f"the dump{_plural(empty)} of rank{_plural(empty)} {_names(empty)} hold no entries")
+    many = len(unknown) > 1
+    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} entered {s.op} "
+            f"(collective sequence number {s.top}) and wait{'s' if len(s.waiting) == 1 else ''} in it; "
+            f"{' and '.join(what)}, so whether {'they' if many else 'it'} entered it is "
+            f"unknown: {'they are' if many else 'it is'} the suspect"
+            f"{'s' if many else ''}. Check {'their' if many else 'its'} "
+            "stacks and logs, or gather the dumps again.")
+    # unreadable files: incomplete (as for the whole report); readable but empty: the records lack it
+    records = (f"entries of rank{_plural(empty)} {_names(empty)}",) if empty else ()
+    return ("incomplete" if unreadable else "insufficient-evidence"), 0.5, text, tuple(unknown), records
+
+
+def _stuck_inside(s: _Standoff, gloo: bool) -> _Finding | None:
+    """Every member entered the collective: stuck on a device, inside the collective, or in flight (None)."""
+    started = [v.rank for v in s.waiting_views if v.state == "started"]
+    sched = tuple(v.rank for v in s.waiting_views if v.state == "scheduled")
+    if started and sched:
+        text = (f"In {s.label} every member entered {s.op} (sequence number {s.top}), but on rank"
+                f"{_plural(sched)} {_names(sched)} the operation never started on the "
+                f"device while it started on {_names(started)}: the device or its stream is stuck "
+                "there (a faulty GPU or an earlier kernel that never finished).")
+        return "hang", 0.7, text, sched, ()
+    if not gloo and any(v.retired for v in s.waiting_views):
+        text = (f"In {s.label} every member entered {s.op} (sequence number {s.top}) and none finished "
+                "before the timeout: the fault is inside the collective (network or device), "
+                "not a rank that stayed away.")
+        return "hang", 0.5, text, (), ()
+    return None  # in flight on every member: nothing says it is stuck
+
+
+def _standoff(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gloo: bool,
+              present: list[int], progress: dict[int, _Progress], p2p_ranks: set[int]) -> _Standoff:
+    top = max(p.seq for p in progress.values())
+    leaders = [r for r in present if progress[r].seq == top]
+    behind = tuple(r for r in present if progress[r].seq < top)
+    waiting = tuple(r for r in leaders if not progress[r].done)
+    # On gloo a collective that some members never entered cannot have finished on the others, so
+    # there "retired" can only mean it failed (timed out, or the connection broke): they were waiting.
+    failed = not waiting and bool(behind) and gloo
+    if failed:
+        waiting = tuple(leaders)
+    waiting_views = [v for r in waiting if (v := progress[r].view) is not None]
+    op = waiting_views[0].op if waiting_views else (g.seqs[top].ref.view.op if top in g.seqs else "")
+    unreadable = [r for r in members if r in ctx.unreadable]
+    empty = [r for r in members if r in ctx.empty]
+    # a lagging rank that sends or receives anywhere may be blocked in it, unseen
+    p2p_text = _p2p_sentence(sorted(p2p_ranks & set(present)) if set(behind) & p2p_ranks else [], behind)
+    return _Standoff(label=_label(g), op=op, top=top, progress=progress, behind=behind, waiting=waiting,
+                     waiting_views=waiting_views, failed=failed, missing=missing, unreadable=unreadable,
+                     empty=empty, unknown_text=_unknown_sentence(unreadable, empty),
+                     p2p_line=_p2p_line(g, present) if gloo else "", p2p_text=p2p_text)
+
+
 def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gloo: bool,
            notes: list[Gap], p2p_ranks: set[int], extra: list[Problem]) -> Problem | None:
     """A hang, crash or unknown-rank problem of ``g`` (None when nothing is stuck). ``p2p_ranks``: ranks
     that do send/recv gloo did not record, in any group; ``extra`` receives a gloo p2p-hang inferred
     from op ids, when one rank skipped a send or receive."""
     present = [r for r in members if r in ctx.dumped and r not in ctx.empty]
-    prog = {r: _progress(g, r, gloo) for r in present}
-    ahead = [p.ahead for p in prog.values() if p.ahead]
+    progress = {r: _progress(g, r, gloo) for r in present}
+    ahead = [p.ahead for p in progress.values() if p.ahead]
     notes.extend(Gap(a, False) for a in ahead[:4])  # the counters say what the rank did: nothing hidden
-    if not prog:
+    if not progress:
         return None
-    top = max(p.seq for p in prog.values())
-    leaders = [r for r in present if prog[r].seq == top]
-    behind = tuple(r for r in present if prog[r].seq < top)
-    waiting = tuple(r for r in leaders if not prog[r].done)
-    # On gloo a collective that some members never entered cannot have finished on the others, so
-    # there "retired" can only mean it failed (timed out, or the connection broke): they were waiting.
-    failed = not waiting and bool(behind) and gloo
-    if failed:
-        waiting = tuple(leaders)
-    waiting_views = [v for r in waiting if (v := prog[r].view) is not None]
-    op = waiting_views[0].op if waiting_views else (g.seqs[top].ref.view.op if top in g.seqs else "")
-    label = _label(g)
-    unreadable = [r for r in members if r in ctx.unreadable]
-    empty = [r for r in members if r in ctx.empty]
-    unknown_text = _unknown_sentence(unreadable, empty)
-    p2p_line = _p2p_line(g, present) if gloo else ""
-    if p2p_line:
-        notes.append(Gap(p2p_line, True))
-    # a lagging rank that sends or receives anywhere may be blocked in it, unseen
-    p2p_text = _p2p_sentence(sorted(p2p_ranks & set(present)) if set(behind) & p2p_ranks else [], behind)
-    records = tuple(x for x in (p2p_line, *ahead[:2]) if x)
-    if p2p_text and not p2p_line:
+    s = _standoff(g, members, missing, ctx, gloo, present, progress, p2p_ranks)
+    if s.p2p_line:
+        notes.append(Gap(s.p2p_line, True))
+    records = tuple(x for x in (s.p2p_line, *ahead[:2]) if x)
+    if s.p2p_text and not s.p2p_line:
         records = (*records, "send/recv on gloo (never recorded)")
-    if waiting:
-        culprits = tuple(sorted(set(behind) | set(missing)))
-        evidence: list[EntryView] = []
-        for r in behind[:3]:
-            st = g.ranks.get(r)
-            if st and st.last:
-                evidence.append(st.last)
-        evidence.extend(waiting_views[:3])
-        if behind:
-            lag = ", ".join(f"rank {r} at {prog[r].seq if prog[r].seq >= 0 else 'none'}" for r in behind[:_SHOW])
-            n = len(waiting)
-            if failed:
-                text = (f"In {label}, rank{'s' if n > 1 else ''} {_names(waiting)} entered {op} (collective "
-                        f"sequence number {top}) and gloo retired it, which it does for failed work too; "
-                        f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
-                        f"{lag}), and a collective cannot finish without every member, so it failed there "
-                        "(most likely timed out waiting). ")
-            else:
-                text = (f"In {label}, rank{'s' if n > 1 else ''} {_names(waiting)} entered {op} (collective "
-                        f"sequence number {top}) and wait{'s' if n == 1 else ''} in it; "
-                        f"rank{'s' if len(behind) > 1 else ''} {_names(behind)} never entered it (last entered: "
-                        f"{lag}). ")
-            text += ("They are the culprits: their stacks show what they do instead." if len(behind) > 1 else
-                     "It is the culprit: its stack shows what it does instead.")
-            odd = [r for r in _irregular(g, present) if r not in culprits] if gloo else []
-            if odd:
-                extra.append(_skipped(g, members, ctx, odd, behind, top, p2p_line))
-                text += (f" Rank{'s' if len(odd) > 1 else ''} {_names(odd)} most likely skipped a send or "
-                         "receive (see the p2p-hang).")
-            text += p2p_text
-            if missing:
-                text += f" Rank{'s' if len(missing) > 1 else ''} {_names(missing)} left no dump."
-            text += unknown_text
-            verdict = "hang"
-            conf = 0.7 if failed or p2p_line else 0.9
+    if s.waiting:
+        if s.behind:
+            found: _Finding | None = _behind_hang(s, g, members, ctx, present, gloo, extra)
         elif missing:
-            text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} wait in {op} "
-                    f"(collective sequence number {top}) for rank{'s' if len(missing) > 1 else ''} "
-                    f"{_names(missing)}, which left no dump: the process died (or was killed) before "
-                    "it could be asked for one." + unknown_text)
-            verdict, conf = "crash", 0.9
-        elif unreadable or empty:
-            # Every readable member waits; only the unknown ones can say whether they entered: an unknown
-            # rank is never evidence that the collective is merely in flight.
-            unknown = sorted(set(unreadable) | set(empty))
-            culprits = tuple(unknown)
-            what = []
-            if unreadable:
-                what.append(f"the dump{'s' if len(unreadable) > 1 else ''} of rank{'s' if len(unreadable) > 1 else ''}"
-                            f" {_names(unreadable)} could not be read")
-            if empty:
-                what.append(f"the dump{'s' if len(empty) > 1 else ''} of rank{'s' if len(empty) > 1 else ''} "
-                            f"{_names(empty)} hold no entries")
-            text = (f"In {label}, rank{'s' if len(waiting) > 1 else ''} {_names(waiting)} entered {op} "
-                    f"(collective sequence number {top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
-                    f"{' and '.join(what)}, so whether {'they' if len(unknown) > 1 else 'it'} entered it is "
-                    f"unknown: {'they are' if len(unknown) > 1 else 'it is'} the suspect"
-                    f"{'s' if len(unknown) > 1 else ''}. Check {'their' if len(unknown) > 1 else 'its'} "
-                    "stacks and logs, or gather the dumps again.")
-            # unreadable files: incomplete (as for the whole report); readable but empty: the records lack it
-            verdict, conf = ("incomplete" if unreadable else "insufficient-evidence"), 0.5
-            if empty:
-                records = (*records, f"entries of rank{'s' if len(empty) > 1 else ''} {_names(empty)}")
+            found = _crash_before_dump(s)
+        elif s.unreadable or s.empty:
+            found = _unknown_members(s)
         else:
-            started = [v.rank for v in waiting_views if v.state == "started"]
-            sched = tuple(v.rank for v in waiting_views if v.state == "scheduled")
-            if started and sched:
-                culprits = sched
-                text = (f"In {label} every member entered {op} (sequence number {top}), but on rank"
-                        f"{'s' if len(sched) > 1 else ''} {_names(sched)} the operation never started on the "
-                        f"device while it started on {_names(started)}: the device or its stream is stuck "
-                        "there (a faulty GPU or an earlier kernel that never finished).")
-                verdict, conf = "hang", 0.7
-            elif not gloo and any(v.retired for v in waiting_views):
-                text = (f"In {label} every member entered {op} (sequence number {top}) and none finished "
-                        "before the timeout: the fault is inside the collective (network or device), "
-                        "not a rank that stayed away.")
-                verdict, conf = "hang", 0.5
-            else:
-                return None  # in flight on every member: nothing says it is stuck
+            found = _stuck_inside(s, gloo)
+        if found is None:
+            return None
+        verdict, conf, text, culprits, more_records = found
+        last_of_behind = [st.last for r in s.behind[:3] if (st := g.ranks.get(r)) and st.last]
         return _problem(
-            g, members, ctx, verdict=verdict, collective_seq=top, op=op, culprit_ranks=culprits,
-            waiting_ranks=waiting, consequence_ranks=(), explanation=text, evidence=tuple(evidence),
-            confidence=conf, missing_records=records,
+            g, members, ctx, verdict=verdict, collective_seq=s.top, op=s.op, culprit_ranks=culprits,
+            waiting_ranks=s.waiting, consequence_ranks=(), explanation=text,
+            evidence=(*last_of_behind, *s.waiting_views[:3]), confidence=conf,
+            missing_records=(*records, *more_records),
         )
     if missing and gloo:
-        text = (f"Rank{'s' if len(missing) > 1 else ''} {_names(missing)} of {label} left no dump; "
-                f"the others last entered {op} (collective sequence number {top}). gloo records no "
+        text = (f"Rank{_plural(missing)} {_names(missing)} of {s.label} left no dump; "
+                f"the others last entered {s.op} (collective sequence number {s.top}). gloo records no "
                 "completion times and retires failed work too, so whether the peers finished it or "
                 "failed on the lost connection cannot be read from the dumps: most likely the rank died.")
         return _problem(
-            g, members, ctx, verdict="crash", collective_seq=top, op=op, culprit_ranks=tuple(missing),
+            g, members, ctx, verdict="crash", collective_seq=s.top, op=s.op, culprit_ranks=tuple(missing),
             waiting_ranks=(), consequence_ranks=(), explanation=text, evidence=(), confidence=0.6,
             missing_records=records,
         )

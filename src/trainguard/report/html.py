@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from trainguard.errors import StorageError, UsageError
 from trainguard.goodput import GoodputReport
+from trainguard.report.thermal_power import render_html as render_thermal_power
 from trainguard.report.view import build_view
 from trainguard.rundir import RunDir
 
@@ -30,7 +31,11 @@ def render_html(run_dir: str | os.PathLike[str], report: GoodputReport | None = 
     config = {"page": "run", "api": None, "poll_seconds": 0, "sim_url": None,
               "files_base": quote(Path(base).as_posix()) + "/"}
     title = view["report"]["run_id"] or rd.run_id
-    return render("run.html", inline=True, config=config, data=view, home_url="#", title=title, plotly=True)
+    page = render("run.html", inline=True, config=config, data=view, home_url="#", title=title, plotly=True)
+    # The thermal and power findings as a static section (text the page script need not draw).
+    extra = render_thermal_power(view["thermal_power"])
+    at = page.rfind("</main>")
+    return page[:at] + extra + page[at:] if extra and at >= 0 else page
 
 
 def write_html(run_dir: str | os.PathLike[str], out_file: str | os.PathLike[str],

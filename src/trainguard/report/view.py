@@ -1,8 +1,9 @@
 """The data behind a run's charts and tables, shared by the dashboard and the HTML report.
 
 `build_view` turns a run directory into one JSON-ready dict: the `trainguard report --json` document
-unchanged, plus the progress timeline with its markers, interruption evidence, and the straggler and
-telemetry series when the run has such records. Pure: no web framework, no plotting library.
+unchanged, plus the progress timeline with its markers, interruption evidence, the straggler and
+telemetry series when the run has such records, and the thermal and power sections. Pure: no web
+framework, no plotting library.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from trainguard.events import (
     StepSpan,
 )
 from trainguard.goodput import BUCKETS, GoodputReport, compute_goodput, judge_records
+from trainguard.report.thermal_power import sections
 from trainguard.rundir import RunDir
 
 VIEW_VERSION = 1
@@ -130,6 +132,7 @@ def build_view(run: str | os.PathLike[str] | RunDir, report: GoodputReport | Non
         "interruption_details": _interruption_details(rd.root, records, report),
         "stragglers": _stragglers(records, t, start),
         "telemetry": _telemetry(records, t, start),
+        "thermal_power": sections(records, rd.root),
     }
 
 

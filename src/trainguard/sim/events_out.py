@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.errors import StorageError, UsageError
+from trainguard.errors import StorageError
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -31,10 +31,12 @@ from trainguard.events import (
     RunStarted,
     StepSpan,
 )
+from trainguard.interval_theory import AUTO_FORMULA
 from trainguard.rundir import RunDir
-from trainguard.sim.engine import account, planned_column, sample
+from trainguard.sim.engine import account, interval_seconds_for, sample
+from trainguard.sim.errors import SimConfigError
 from trainguard.sim.models import FailureModel
-from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds, validate
+from trainguard.sim.policy import JobConfig, PolicyConfig, validate, validate_seed
 from trainguard.sim.power import PowerModel, draw_series, largest_swing
 
 log = logging.getLogger(__name__)
@@ -95,14 +97,16 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
                 seed: int = 0, run_id: str | None = None, power: PowerModel | None = None) -> TrialWritten:
     """Simulate one trial with ``seed`` and write it as a run directory at ``directory``."""
     validate(job, policy, 1)
-    if not 0 <= seed < 2**63:
-        raise UsageError(f"--seed must be between 0 and 2**63-1, not {seed}")
+    validate_seed(seed)
     check_size(model, job)
+    if policy.replica_groups > 1:
+        # a group dropping out is not an attempt boundary; the event language has no record for it yet
+        raise SimConfigError("replica_groups", "must be 1 for a written trial (per-group recovery has no events)")
     rng = np.random.default_rng(seed)
     smp = sample(model, job, policy, 1, rng)
     mtbf = 3600.0 * model.job_mttf_hours(job.gpus)
-    tau = checkpoint_interval_seconds(policy, mtbf, job.step_seconds)
-    acc = account(smp, job, policy, tau, planned_column(model))
+    tau = interval_seconds_for(model, job, policy)
+    acc = account(smp, model, job, policy, tau)
     seg = acc.segments
     try:
         rundir = RunDir(directory).create()
@@ -121,8 +125,8 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
     out.append(RunStarted(time=t0, host=HOST, run_id=run_id, world_size=job.gpus, nnodes=len(nodes.active),
                           synthetic=True, config={"simulator": "trainguard.sim", "model": model.name,
                                                   "seed": seed, "days": job.days, "step_seconds": step_s}))
-    out.append(CheckpointPolicyChanged(time=t0, host=HOST, policy=policy.interval if policy.interval in
-                                       ("young", "daly") else "seconds", interval_seconds=tau,
+    named = {"young": "young", "daly": "daly", "auto": AUTO_FORMULA}.get(policy.interval, "seconds")
+    out.append(CheckpointPolicyChanged(time=t0, host=HOST, policy=named, interval_seconds=tau,
                                        interval_steps=tau_steps, save_cost_seconds=w, mtbf_seconds=mtbf))
     n = len(smp.time)
     order = [*range(n), n]  # segment n is the trial's last one
@@ -216,8 +220,8 @@ def _detection_state(model: FailureModel, cat: int) -> str:
 def check_size(model: FailureModel, job: JobConfig) -> None:
     """Refuse to write a trial whose event file would be absurdly large."""
     if job.gpus * model.rate_per_gpu_hour * job.days * 24 > MAX_WRITTEN_INTERRUPTIONS:
-        raise UsageError(f"--events: a trial this size has over {MAX_WRITTEN_INTERRUPTIONS:,} interruptions; "
-                         "write a shorter or smaller one")
+        raise SimConfigError("size", f"of a written trial must stay under {MAX_WRITTEN_INTERRUPTIONS:,} "
+                             "interruptions; write a shorter or smaller one")
 
 
 def _write_text(path: Path, text: str) -> None:

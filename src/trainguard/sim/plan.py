@@ -16,6 +16,7 @@ from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds
+from trainguard.sim.recovery import job_failure_rate_per_second
 from trainguard.sim.summary import mean_detection_seconds
 
 _FACTORS = (0.25, 0.35, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0, 2.8, 4.0)
@@ -36,8 +37,9 @@ def best_interval(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, 
     """Simulated ETTR over intervals around Young's, next to Young, Daly and Meta's approximation."""
     rate = _rate(model, job)
     # Young and Daly use the unexpected failures only: planned stops save first and lose no work.
-    mtbf = 3600.0 * model.job_mttf_hours(job.gpus)
-    cost = max(policy.checkpoint_stall_seconds, job.step_seconds)
+    job_rate = job_failure_rate_per_second(model, job, policy)  # replica groups: only job-wide failures roll back
+    mtbf = math.inf if job_rate <= 0 else 1.0 / job_rate
+    cost = policy.checkpoint_stall_seconds  # the whole-step rounding keeps the interval at least one step
     young = young_seconds(cost, mtbf) if math.isfinite(mtbf) else 86400.0
     daly = daly_seconds(cost, mtbf) if math.isfinite(mtbf) else 86400.0
     u0 = mean_detection_seconds(model, policy) + policy.restart_overhead_seconds
@@ -136,10 +138,9 @@ def budgets_for_target(model: FailureModel, job: JobConfig, policy: PolicyConfig
     }
 
 
-def resolve_auto(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, trials: int = 100,
-                 seed: int = 0) -> PolicyConfig:
-    """Replace ``interval = "auto"`` by the interval of best simulated ETTR (other policies unchanged)."""
-    if policy.interval != "auto":
-        return policy
-    best = best_interval(model, job, policy.with_(interval="young"), trials=trials, seed=seed)
+def best_interval_policy(model: FailureModel, job: JobConfig, policy: PolicyConfig, *, trials: int = 100,
+                         seed: int = 0) -> PolicyConfig:
+    """The policy with its interval replaced by the interval of best simulated ETTR (``simulate
+    --checkpoint-interval best``)."""
+    best = best_interval(model, job, policy, trials=trials, seed=seed)
     return policy.with_(interval=str(best["best_minutes"]))

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.goodput import BUCKETS
 from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
-from trainguard.sim.engine import BUCKETS, SimResult
+from trainguard.sim.engine import SimResult
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig
 from trainguard.sim.power import PowerModel, summarize
@@ -32,7 +33,7 @@ def analytic(model: FailureModel, job: JobConfig, policy: PolicyConfig, interval
     rate = job.gpus * model.rate_per_gpu_hour / 3600.0 + model.planned_per_day / 86400.0
     mtbi = math.inf if rate <= 0 else 1.0 / rate
     mtbf = 3600.0 * model.job_mttf_hours(job.gpus)  # Young/Daly: unexpected failures (planned stops save first)
-    cost = max(policy.checkpoint_stall_seconds, job.step_seconds)
+    cost = policy.checkpoint_stall_seconds  # the whole-step rounding keeps the interval at least one step
     u0 = mean_detection_seconds(model, policy) + policy.restart_overhead_seconds
     return {
         "interruptions_per_day": rate * 86400.0,
@@ -70,7 +71,8 @@ def to_json(result: SimResult, *, seed: int, power: PowerModel | None = None) ->
     total_unexpected = int(unexpected.sum())
     straggler = result.straggler_loss
     diurnal = policy.diurnal_swing / 2
-    throughput = (1 - straggler) * (1 - diurnal)
+    # the straggler's extra step time is already badput in ETTR (bucket ``straggler``, as in goodput)
+    throughput = 1 - diurnal
     doc: dict[str, Any] = {
         "model": model.name,
         "gpus": job.gpus,
@@ -92,6 +94,13 @@ def to_json(result: SimResult, *, seed: int, power: PowerModel | None = None) ->
             "sdc_check_seconds": policy.sdc_check_seconds,
             "spares": policy.spares,
             "step_seconds": job.step_seconds,
+            "inprocess_share": policy.inprocess_share,
+            "inprocess_restart_seconds": policy.inprocess_restart_seconds,
+            "warm_start_seconds": policy.warm_start_seconds,
+            "memory_checkpoint": policy.memory_checkpoint,
+            "memory_restore_seconds": policy.memory_restore_seconds,
+            "replica_groups": policy.replica_groups,
+            "group_reconfigure_seconds": policy.group_reconfigure_seconds,
         },
         "ettr": _stats(result.ettr),
         "interruptions": {

@@ -1,5 +1,5 @@
 """The node agent's straggler and telemetry duties: sample telemetry, probe flight recorders, name stragglers live
-and apply the straggler policy (report, or exclude the node at the next restart).
+and apply the straggler policy (report, exclude the node at the next restart, or replace it by a spare now).
 
 Called from `trainguard.launch.agent.GuardAgent` on its monitor thread, so a probe never races the failure path's
 own evidence gathering (both ask the ranks' control threads to dump into the same folder). No torch.
@@ -8,6 +8,7 @@ own evidence gathering (both ask the ranks' control threads to dump into the sam
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import time
@@ -16,19 +17,30 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from trainguard.errors import UsageError
 from trainguard.eventlog import EventFollower, EventWriter, iter_events
-from trainguard.events import Event, StepCompleted, StragglerDetected
+from trainguard.events import Event, StepCompleted, StragglerAction, StragglerDetected
 from trainguard.protocol import RunLayout
-from trainguard.stragglers.analysis import StragglerConfig, analyze
+from trainguard.stragglers.analysis import Straggler, StragglerConfig, analyze
 from trainguard.stragglers.flight import read_arrivals
+from trainguard.stragglers.handover import Handover
 from trainguard.telemetry import Sampler, Source, default_sources
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("report", "exclude-next-restart")
+POLICIES = ("report", "exclude-next-restart", "restart-now")
 """``report``: record `StragglerDetected` only. ``exclude-next-restart``: the slow rank's node also fails its
-health gate at the job's next restart (as a failed high-severity check would), so a spare can take its place."""
+health gate at the job's next restart (as a failed high-severity check would), so a spare can take its place.
+``restart-now``: when a spare waits in the rendezvous, the slow rank's node leaves the job now (a planned
+interruption) and the spare takes its place; with no spare, ``exclude-next-restart``."""
+MAX_SECONDS = 86_400.0
+"""Longest probe or telemetry interval accepted from the command line (one day)."""
+MIN_SECONDS = 0.5
+"""Shortest non-zero interval accepted from the command line: each probe asks every rank for a dump."""
+ANNOUNCE_POLL_SECONDS = 1.0
+"""How often every agent looks for a ``restart-now`` announcement naming its node."""
 PROBE_TIMEOUT_SECONDS = 2.0
 KEEP_PROBES = 30
 """Probe folders kept per attempt (the oldest are deleted): each holds 2,000 collectives per rank."""
@@ -75,14 +87,48 @@ class WatchSettings:
         return cls(policy, seconds("TRAINGUARD_STRAGGLER_PROBE_SECONDS", default.probe_seconds),
                    seconds("TRAINGUARD_TELEMETRY_SECONDS", default.telemetry_seconds))
 
+    @classmethod
+    def resolve(cls, policy: str | None = None, probe_seconds: float | None = None,
+                telemetry_seconds: float | None = None, env: Mapping[str, str] | None = None) -> WatchSettings:
+        """The environment's settings with every value given here (the command line's) taking precedence."""
+        base = cls.from_environ(env)
+        return cls(policy if policy is not None else base.policy,
+                   probe_seconds if probe_seconds is not None else base.probe_seconds,
+                   telemetry_seconds if telemetry_seconds is not None else base.telemetry_seconds)
+
+
+def check_options(policy: str | None, probe_seconds: Any, telemetry_seconds: Any) -> tuple[
+        str | None, float | None, float | None]:
+    """Validate ``--straggler-policy``, ``--straggler-probe-seconds`` and ``--telemetry-seconds`` (None: not
+    given). Returns them typed; `UsageError` (exit 2) names the flag of a bad value."""
+    if policy is not None and policy not in POLICIES:
+        raise UsageError(f"--straggler-policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+
+    def seconds(flag: str, raw: Any) -> float | None:
+        if raw is None:
+            return None
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (value == 0 or MIN_SECONDS <= value <= MAX_SECONDS):  # NaN fails both
+            raise UsageError(f"{flag} must be 0 (off) or from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds, "
+                             f"got {raw!r}")
+        return value
+
+    return (policy, seconds("--straggler-probe-seconds", probe_seconds),
+            seconds("--telemetry-seconds", telemetry_seconds))
+
 
 class AgentWatch:
     """One per node agent. `poll` is cheap when nothing is due (two clock reads)."""
 
     def __init__(self, layout: RunLayout, node_id: str, emit: Callable[[Event], None],
                  settings: WatchSettings | None = None, sources: list[Source] | None = None,
-                 config: StragglerConfig | None = None) -> None:
+                 config: StragglerConfig | None = None, handover: Handover | None = None) -> None:
         self.layout = layout
+        self.handover = handover
+        """How ``restart-now`` counts spares and reaches the slow node's agent (None: it falls back)."""
         self.node_id = node_id
         self.emit = emit
         self.settings = settings or WatchSettings.from_environ()
@@ -95,7 +141,10 @@ class AgentWatch:
         self._steps: dict[int, deque[StepCompleted]] = defaultdict(lambda: deque(maxlen=BUFFER_STEPS))
         self._named: set[tuple[int, int]] = set()
         self._next_check: float | None = None
+        self._next_announce_check = 0.0
         self._probes = 0
+        self._leaving: str | None = None
+        """Why this node leaves the job now (``restart-now`` named one of its ranks), once announced."""
 
     def _write_telemetry(self, record: Event) -> None:
         if self._telemetry_writer is None:
@@ -112,14 +161,39 @@ class AgentWatch:
         except Exception as exc:  # telemetry must never stop the agent (a full disk: StorageError)
             log.warning("telemetry sample failed: %s", exc)
 
-    def poll(self, live_ranks: Callable[[], Mapping[int, int]], leader: bool) -> None:
-        """Called on every healthy monitor pass; ``live_ranks()`` gives rank -> pid of this node's live workers."""
+    def poll(self, live_ranks: Callable[[], Mapping[int, int]], leader: bool) -> str | None:
+        """Called on every healthy monitor pass; ``live_ranks()`` gives rank -> pid of this node's live workers.
+
+        Returns why this node must leave the job now (``restart-now`` named one of its ranks), else None."""
         try:
             self.sampler.poll()
         except Exception as exc:
             log.warning("telemetry sample failed: %s", exc)
-        if self.settings.probe_seconds <= 0:
-            return
+        if self.settings.probe_seconds > 0:
+            self._check_due(live_ranks, leader)
+        return self._leave_now()
+
+    def _leave_now(self) -> str | None:
+        if self.handover is None or self._leaving is not None:
+            return None
+        now = time.monotonic()
+        if now < self._next_announce_check:
+            return None
+        self._next_announce_check = now + ANNOUNCE_POLL_SECONDS
+        told = self.handover.announced(self.attempt)
+        if told is None or told[0] != self.node_id:
+            return None
+        self._leaving = told[1]
+        log.warning("leaving the job now for a waiting spare: %s", told[1])
+        return told[1]
+
+    def planned_leave(self, attempt: int) -> str | None:
+        """Why a node left ``attempt`` for a waiting spare (``restart-now``), if one was told to: the peers' workers
+        then fail because its workers stopped, which is that planned restart and no failure of theirs."""
+        told = self.handover.announced(attempt) if self.handover is not None else None
+        return told[1] if told is not None else None
+
+    def _check_due(self, live_ranks: Callable[[], Mapping[int, int]], leader: bool) -> None:
         now = time.monotonic()
         if self._next_check is None or now < self._next_check:
             return
@@ -204,28 +278,52 @@ class AgentWatch:
             if key in self._named:
                 continue
             self._named.add(key)
-            action = self.settings.policy
+            action, spares, why = self._decide(s)
             record = StragglerDetected(
                 time=time.time(), host=self.node_id, attempt=self.attempt, rank=s.rank, node=s.host,
                 step=s.detected_step, onset_step=s.onset_step, slowdown=s.slowdown, cost_seconds=s.cost_seconds,
                 signal=s.signal, action=action,
                 detail=(f"rank {s.rank} on {s.host or '?'} ready {s.lead_seconds * 1e3:.1f} ms after the others "
                         f"per step since step {s.onset_step}: job steps {s.slowdown:.2f}x slower"))
-            log.warning("straggler: %s (policy: %s)", record.detail, action)
+            log.warning("straggler: %s (action: %s)", record.detail, action)
             self.emit(record)
+            self.emit(StragglerAction(time=time.time(), host=self.node_id, attempt=self.attempt, rank=s.rank,
+                                      node=s.host, policy=self.settings.policy, action=action,
+                                      spares_waiting=spares, detail=why))
             out.append(record)
         return out
 
+    def _decide(self, s: Straggler) -> tuple[str, int, str]:
+        """(action, spares waiting, why) for a newly named straggler under this node's policy."""
+        policy = self.settings.policy
+        if policy != "restart-now":
+            return policy, 0, f"policy {policy}"
+        spares = self.handover.spares_waiting() if self.handover is not None else 0
+        if spares > 0 and s.host and self.handover is not None:
+            why = f"{spares} spare node(s) waiting: node {s.host} leaves now"
+            reason = _reason(s.rank, s.slowdown, self.attempt, s.onset_step) + f" (restart-now: {why})"
+            try:  # announced before it is recorded: the record never claims a departure nobody was told of
+                self.handover.announce(self.attempt, s.host, reason)
+                return "restart-now", spares, why
+            except Exception as exc:
+                return ("exclude-next-restart", spares,
+                        f"could not tell node {s.host} to leave ({exc}): falling back to exclude-next-restart")
+        where = "" if s.host else " (the rank's node is unknown)"
+        return ("exclude-next-restart", spares,
+                f"no spare waiting{where}: falling back to exclude-next-restart")
+
     def exclusion_reasons(self, attempt: int) -> list[str]:
         """Reasons for this node to leave at this (re)start: stragglers named on it under ``exclude-next-restart``."""
+        if self._leaving is not None:
+            return [self._leaving]
         reasons = []
         for path in sorted(self.layout.events_dir.glob("agent-*.jsonl")):
             try:
                 for _, e in iter_events(path):
-                    if (isinstance(e, StragglerDetected) and e.action == "exclude-next-restart"
+                    # restart-now too: a node that missed the announcement still leaves at the restart
+                    if (isinstance(e, StragglerDetected) and e.action in ("exclude-next-restart", "restart-now")
                             and e.node == self.node_id and e.attempt < attempt):
-                        reasons.append(f"straggler: rank {e.rank} slowed the job {e.slowdown:.2f}x "
-                                       f"(attempt {e.attempt}, from step {e.onset_step})")
+                        reasons.append(_reason(e.rank, e.slowdown, e.attempt, e.onset_step))
             except Exception as exc:  # an unreadable file tells nothing about stragglers
                 log.debug("%s: %s", path, exc)
         return reasons[:1]
@@ -234,3 +332,8 @@ class AgentWatch:
         self.sampler.close()
         if self._telemetry_writer is not None:
             self._telemetry_writer.close()
+
+
+def _reason(rank: int, slowdown: float, attempt: int, onset_step: int) -> str:
+    """The exclusion reason a straggler gives its node."""
+    return f"straggler: rank {rank} slowed the job {slowdown:.2f}x (attempt {attempt}, from step {onset_step})"

@@ -14,8 +14,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trainguard.errors import InputError, TrainguardError
 from trainguard.events import CheckpointPolicyChanged, FailureDetected, RunStarted
 from trainguard.rundir import RunDir
@@ -93,7 +91,10 @@ def recover_config(path: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 def simulation_view(path: Path, this_run_ettr: float | None = None) -> dict[str, Any]:
     """The simulation page's document; ``{"available": False, "reason": ...}`` for runs it cannot redo."""
+    import numpy as np  # the sim extra: imported only when the simulation page is asked for
+
     from trainguard.sim import simulate
+    from trainguard.sim.errors import SimError
     from trainguard.sim.plan import best_interval
     from trainguard.sim.policy import validate
 
@@ -106,7 +107,7 @@ def simulation_view(path: Path, this_run_ettr: float | None = None) -> dict[str,
         seed = inputs["seed"]
         result = simulate(model, job, policy, trials=trials, seed=seed)
         plan = best_interval(model, job, policy, trials=plan_trials, seed=seed)
-    except TrainguardError as exc:
+    except (TrainguardError, SimError) as exc:  # a run the simulator cannot redo is a page, not a crash
         return {"available": False, "reason": str(exc)}
     ettr = np.sort(result.ettr)
     return {

@@ -56,19 +56,29 @@ class StepContext:
 
 
 class Worker:
-    """The in-rank side of trainguard as a script sees it. Build it with `attach`."""
+    """The in-rank side of trainguard as a script sees it. Build it with `attach`; ``with`` closes it."""
 
     def __init__(self, rt: runtime.Runtime) -> None:
         self._rt = rt
-        self.run_dir = rt.run_dir
-        self.rank = rt.rank
-        self.attempt = rt.attempt
-        self.host = rt.host
-        self.under_agent = rt.env.under_agent
+        self._step: StepContext | None = None
+        self.run_dir: Path = rt.run_dir
+        """This job's run directory (events, checkpoints, diagnostics)."""
+        self.rank: int = rt.rank
+        self.attempt: int = rt.attempt
+        """Restart count of the job (0 for the first attempt)."""
+        self.host: str = rt.host
+        self.under_agent: bool = rt.env.under_agent
+        """Whether ``trainguard run`` supervises this process."""
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def events(self) -> EventWriter | None:
-        """The rank's event writer (hand it to ``trainguard.Checkpointer(events=...)``); None when off."""
+        """The rank's event writer (``trainguard.Checkpointer(worker, ...)`` writes to it); None when off."""
         return self._rt.events
 
     def emit(self, record: Event) -> None:
@@ -83,7 +93,11 @@ class Worker:
             rt.injector.on_step_start(step)
         ctx = StepContext(self, step, time.monotonic())
         rt.set_phase("step")
-        yield ctx
+        self._step = ctx
+        try:
+            yield ctx
+        finally:
+            self._step = None
         end = time.monotonic()
         rt.complete_step(step, end - ctx.start, source="script", end_mono=end, phases=dict(ctx.phases),
                          loss=ctx.loss)
@@ -92,12 +106,23 @@ class Worker:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """A phase outside any step (e.g. a restore); the agent allows extra time for ``checkpoint``."""
+        """A phase inside or outside a step (e.g. a restore); the agent allows extra time for ``checkpoint``.
+
+        On exit the phase before it is current again; inside a step its time joins the step's phases.
+        """
+        if self._rt.closed:  # after close the phase stays "done" (e.g. a checkpointer closed after the worker)
+            yield
+            return
+        before = self._rt.phase
+        step = self._step
+        t0 = time.perf_counter()
         self._rt.set_phase(name)
         try:
             yield
         finally:
-            self._rt.set_phase("idle")
+            if step is not None:
+                step.phases[name] = step.phases.get(name, 0.0) + time.perf_counter() - t0
+            self._rt.set_phase(before)
 
     def close(self) -> None:
         """Training is over for this rank: the agent stops applying the step timeout to it."""

@@ -25,6 +25,9 @@ def main() -> None:
     p.add_argument("--eval-seconds", type=float, default=0.0)
     p.add_argument("--width", type=int, default=32, help="hidden width of the MLP")
     p.add_argument("--timing-out", default="", help="rank 0 writes its step times (JSON) here")
+    p.add_argument("--linger-rank", type=int, default=-1, help="this rank waits before exiting (slow teardown)")
+    p.add_argument("--linger-seconds", type=float, default=0.0)
+    p.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group (many scripts do)")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -67,7 +70,10 @@ def main() -> None:
         with open(args.timing_out, "w") as fh:
             json.dump({"step_seconds": step_seconds}, fh)
     dist.barrier()
-    dist.destroy_process_group()
+    if not args.no_destroy:
+        dist.destroy_process_group()
+    if rank == args.linger_rank:
+        time.sleep(args.linger_seconds)  # e.g. writing artefacts after training, while the other ranks exited
     print(f"rank {rank}: done", flush=True)
 
 

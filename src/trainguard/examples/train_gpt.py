@@ -3,7 +3,8 @@
 Deterministic by construction: the model is initialized from ``--seed`` on every rank, the batch of
 (step, rank) is generated from a seed derived from both, and a restart restores the model, the
 optimizer and the RNG state of the last checkpoint, so a run with restarts ends with the same loss
-as one without. Run it under ``trainguard run``, plain torchrun, or ``--no-trainguard`` for a baseline.
+as one without. Run it under ``trainguard run``, plain torchrun, or ``--no-trainguard`` for a baseline,
+as a module of the installed package: ``trainguard run --nproc-per-node 2 -m trainguard.examples.train_gpt``.
 """
 
 from __future__ import annotations
@@ -93,10 +94,13 @@ class _NullWorker:
 
 
 def make_checkpointer(args: argparse.Namespace, worker: Any) -> Any:
-    from trainguard.checkpoint import Checkpointer, IntervalPolicy
+    import trainguard
 
-    return Checkpointer(args.ckpt_dir, events=worker.events, attempt=worker.attempt,
-                        interval=IntervalPolicy.every_steps(args.ckpt_every))
+    config = trainguard.CheckpointConfig(directory=args.ckpt_dir,
+                                         interval=trainguard.IntervalPolicy.every_steps(args.ckpt_every))
+    if isinstance(worker, trainguard.Worker):  # events, attempt and the checkpoint phase come from the worker
+        return trainguard.Checkpointer(worker, config)
+    return trainguard.Checkpointer(args.ckpt_dir, config, attempt=worker.attempt)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

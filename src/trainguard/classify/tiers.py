@@ -1,21 +1,13 @@
-"""The Llama 3 Table 5 root-cause taxonomy: categories, their component groups, and precedence tiers."""
+"""Precedence tiers of classification rules: which kind of signal outranks which (docs/classify.md)."""
 
 from __future__ import annotations
 
-from trainguard.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN
+from trainguard.taxonomy import UNKNOWN, group_of
 
-CATEGORIES: dict[str, str] = TABLE5_CATEGORIES
-"""Table 5's 18 categories (names verbatim, in the paper's order) and the group each belongs to."""
-
-__all__ = ["CATEGORIES", "GROUPS", "TIERS", "UNKNOWN", "default_tier", "group_of"]
+__all__ = ["TIERS", "default_tier"]
 
 TIERS: tuple[str, ...] = ("hardware", "maintenance", "software", "timeout", "hint")
 """Precedence tiers, strongest first: a strong signal of an earlier tier outranks any later one."""
-
-
-def group_of(category: str) -> str:
-    """The Table 5 group of ``category`` (``Unknown`` for ``Unknown`` and unlisted categories)."""
-    return CATEGORIES.get(category, UNKNOWN)
 
 
 def default_tier(category: str) -> str:

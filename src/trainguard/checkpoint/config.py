@@ -1,0 +1,59 @@
+"""`CheckpointConfig`: what a `Checkpointer` saves where, how often and how many; validated on construction.
+
+Pure: no torch. Bad values raise ``ValueError`` naming the field, when the config is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from trainguard.checkpoint.checksum import available
+from trainguard.checkpoint.interval import IntervalPolicy
+
+
+def _every_100_steps() -> IntervalPolicy:
+    return IntervalPolicy.every_steps(100)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How a `Checkpointer` saves and keeps checkpoints (docs/checkpoint.md)."""
+
+    directory: str | os.PathLike[str] | None = None
+    """Where checkpoints go; None: ``<run dir>/checkpoints`` of the worker the checkpointer is built with."""
+    interval: IntervalPolicy = field(default_factory=_every_100_steps)
+    """When `Checkpointer.should_save` says a step is due (every N steps, T seconds, or Young/Daly)."""
+    async_save: bool = True
+    """Return from `save` once the state is copied to host memory; shards are written in the background."""
+    keep_last: int = 3
+    """Committed checkpoints kept (newest first); older ones are removed after each commit."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of this (None: none besides ``keep_last``)."""
+    timeout_seconds: float = 600.0
+    """Timeout of the checkpointer's own gloo groups: a rank dead mid-save fails the save after this."""
+    checksum: str | None = None
+    """``xxh3_64`` or ``crc32``; None: the fastest one installed."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.interval, IntervalPolicy):
+            raise ValueError(f"CheckpointConfig.interval must be an IntervalPolicy, got {type(self.interval).__name__}")
+        if not _count(self.keep_last):
+            raise ValueError(f"CheckpointConfig.keep_last must be an integer >= 1, got {self.keep_last!r}")
+        if self.keep_every is not None and not _count(self.keep_every):
+            raise ValueError(f"CheckpointConfig.keep_every must be None or an integer >= 1, got {self.keep_every!r}")
+        if not (isinstance(self.timeout_seconds, (int, float)) and math.isfinite(self.timeout_seconds)
+                and self.timeout_seconds > 0):
+            raise ValueError(f"CheckpointConfig.timeout_seconds must be > 0, got {self.timeout_seconds!r}")
+        if self.checksum is not None and self.checksum not in available():
+            raise ValueError(
+                f"CheckpointConfig.checksum {self.checksum!r} is not available here "
+                f"(installed: {', '.join(available())})"
+            )
+        if self.directory is not None and not str(os.fspath(self.directory)):
+            raise ValueError("CheckpointConfig.directory must not be empty (None: the run directory's checkpoints/)")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

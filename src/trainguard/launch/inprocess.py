@@ -1,0 +1,231 @@
+"""The agent's side of in-process restart: replace only the failed ranks, let the survivors re-enter.
+
+With ``--in-process`` a failure (a crashed rank, or a hung rank the agent kills) does not restart the worker
+group. The agent opens the next attempt, starts one new process per failed local rank with that attempt's
+environment, and publishes the attempt on its own store (``trainguard.protocol.inprocess_key``); the
+surviving ranks, waiting in `trainguard.worker.inprocess.restartable`, re-form the process group with
+them. If the group is not complete within the timeout, the agent falls back to a whole-process restart.
+Single node only (the store lives in this agent).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+from trainguard import protocol
+from trainguard.events import InProcessRecovery
+from trainguard.launch import blame
+from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.stop import stop_processes
+from trainguard.launch.warm import SpareHandler, WarmSpares
+
+if TYPE_CHECKING:
+    from trainguard.launch.agent import GuardAgent
+
+log = logging.getLogger(__name__)
+
+
+def _link_logs(agent: GuardAgent, wg: WorkerGroup) -> None:
+    """``logs/attempt-<k>/rank-<r>.log`` (and ``.stdout.log``) of an in-process attempt as links to the files
+    the ranks keep writing (those of the attempt that started the process group's processes), so evidence
+    and readers find every attempt's logs where the layout says."""
+    pc: Any = agent._pcontext
+    for w in wg.workers:
+        for target, link in ((pc.stderrs.get(w.local_rank), agent.layout.rank_log(agent.attempt, w.global_rank)),
+                             (pc.stdouts.get(w.local_rank), agent.layout.rank_stdout(agent.attempt, w.global_rank))):
+            if not target or os.path.lexists(link):
+                continue
+            try:
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(os.path.abspath(target), link)
+            except OSError as exc:  # logs are evidence, not a reason to stop the recovery
+                log.warning("in-process restart: no log link %s (%s)", link, exc)
+
+
+class _AppendingHandler(SubprocessHandler):
+    """torch's worker process handle, but its log files are appended to, not truncated: the replacement of a
+    rank writes after its predecessor's lines, in the files the console tailer already follows."""
+
+    def __init__(self, entrypoint: str, args: tuple[Any, ...], env: dict[str, str], stdout: str | None,
+                 stderr: str | None, local_rank: int) -> None:
+        self._stdout = open(stdout, "a") if stdout else None  # noqa: SIM115 (closed by SubprocessHandler.close)
+        self._stderr = open(stderr, "a") if stderr else None  # noqa: SIM115
+        self.local_rank_id = local_rank
+        self.proc = self._popen((entrypoint, *[str(a) for a in args]), {**os.environ, **env})
+
+
+@dataclass(frozen=True)
+class PendingRecovery:
+    """An in-process recovery the agent started and has not seen complete yet."""
+
+    attempt: int
+    """The attempt the survivors and replacements form."""
+    ranks: tuple[int, ...]
+    """Global ranks that got new processes."""
+    kind: str
+    """What failed: ``crash``, ``exit`` or ``hang``."""
+    started_mono: float
+    """When the agent started the recovery (``time.monotonic()``)."""
+    deadline_mono: float
+    """After this, the recovery is abandoned for a whole-process restart."""
+    warm: int = 0
+    """How many of the new processes were warm spares."""
+
+
+class InProcessRestarts:
+    """The agent's in-process store and the recovery in progress."""
+
+    def __init__(self, timeout_seconds: float, spares: WarmSpares | None = None, fresh: bool = False) -> None:
+        from torch.distributed import TCPStore
+
+        self.timeout_seconds = timeout_seconds
+        self.fresh = fresh
+        """Every local rank gets a new process after a failure (``--fresh-processes``), not only the failed."""
+        self.spares = spares
+        """Warm spare processes that take failed ranks' places (``--warm-spares``); None: cold processes."""
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(timeout_seconds, 10.0)))
+        self.pending: PendingRecovery | None = None
+
+    @classmethod
+    def build(cls, cfg: SupervisorConfig, worker_args: tuple[str, ...]) -> InProcessRestarts | None:
+        """The agent's in-process restarts as ``cfg`` asks (None without ``in_process``)."""
+        if not cfg.in_process:
+            return None
+        spares = None
+        if cfg.warm_spares:
+            spares = WarmSpares(cfg.warm_spares, worker_args, cfg.layout.logs_base / "spares", cfg.stop_grace_seconds)
+        return cls(cfg.in_process_timeout_seconds, spares, cfg.fresh_processes)
+
+    def environ(self) -> dict[str, str]:
+        """What every worker gets on top of the usual environment."""
+        return {protocol.INPROCESS_STORE_ENV: f"127.0.0.1:{self.store.port}",
+                protocol.INPROCESS_TIMEOUT_ENV: repr(float(self.timeout_seconds))}
+
+    # --- starting a recovery ------------------------------------------------------------------------
+
+    def after_exit(self, agent: GuardAgent, wg: WorkerGroup) -> RunResult:
+        """Workers exited with an error (their evidence is in ``agent._early``): record the failure as always,
+        then restart in process; when that is not possible, stop the rest for a whole-process restart."""
+        codes = dict(agent._early[0]) if agent._early is not None else {}
+        result = agent._on_exit(wg, RunResult(state=WorkerState.FAILED))
+        _, kind = blame.crash_culprits(codes)
+        if self.recover(agent, wg, sorted(codes), kind, kill=False):
+            return RunResult(state=WorkerState.HEALTHY)
+        agent._stop_local_workers(signal.SIGTERM)
+        return result
+
+    def recover(self, agent: GuardAgent, wg: WorkerGroup, failed: list[int], kind: str, kill: bool) -> bool:
+        """Replace the processes of global ranks ``failed`` and start the next attempt in process.
+
+        The failed attempt is already recorded and closed. Returns False (nothing done) when the policy
+        stopped the run, the budget is spent, or a failed rank is not on this node: the caller then takes
+        the whole-process path."""
+        if self.pending is not None:  # a second failure before the first recovery completed
+            self.abandon(agent, f"rank(s) {', '.join(map(str, failed))} failed during the recovery")
+            return False
+        local = {w.global_rank: w.local_rank for w in wg.workers}
+        handlers = getattr(agent._pcontext, "subprocess_handlers", None) or {}
+        if agent.stop_reason is not None or agent._remaining_restarts <= 0 or not failed:
+            return False
+        if any(r not in local for r in failed) or (wg.group_world_size or 1) > 1:
+            return False
+        if self.fresh:  # every rank anew; their evidence is already saved
+            failed, kill = sorted(local), True
+        if kill:  # a hung rank: its death breaks the survivors' collectives (gloo closes its sockets)
+            stop_processes([handlers[local[r]].proc for r in failed], agent.cfg.stop_grace_seconds, signal.SIGKILL)
+        # Ranks that died meanwhile (an error of their own) are replaced too.
+        dead = sorted({*failed, *(w.global_rank for w in wg.workers if handlers[w.local_rank].proc.poll() is not None)})
+        old = agent.attempt
+        agent._remaining_restarts -= 1
+        agent.attempt += 1
+        env = agent._worker_environ()
+        self.store.set(protocol.inprocess_key(agent.attempt, "env"),
+                       json.dumps({k: env[k] for k in protocol.INPROCESS_ATTEMPT_ENV if k in env}))
+        agent._open_attempt(wg, recovery="in-process")
+        warm = sum(self._replace(agent, wg, local[rank], env) for rank in dead)
+        _link_logs(agent, wg)
+        self.store.set(protocol.inprocess_key(old, "next"), str(agent.attempt))  # the survivors go
+        now = time.monotonic()
+        self.pending = PendingRecovery(agent.attempt, tuple(dead), kind, now, now + self.timeout_seconds, warm)
+        log.info("in-process restart: attempt %d, new processes for ranks %s", agent.attempt, list(dead))
+        return True
+
+    def _replace(self, agent: GuardAgent, wg: WorkerGroup, local_rank: int, env: dict[str, str]) -> bool:
+        """Put a new process (a warm spare if one waits) in ``local_rank``'s place; True if it was a spare."""
+        pc: Any = agent._pcontext
+        old = pc.subprocess_handlers[local_rank]
+        for stream in (old._stdout, old._stderr):
+            if stream is not None:
+                stream.close()
+        full_env = {**pc.envs[local_rank], **env}
+        stdout, stderr = pc.stdouts[local_rank] or None, pc.stderrs[local_rank] or None
+        spare = self.spares.take(full_env, stdout, stderr) if self.spares is not None else None
+        handler: SubprocessHandler
+        if spare is not None:
+            handler = SpareHandler(spare, local_rank)
+            log.info("in-process restart: warm spare pid %d takes local rank %d", spare.pid, local_rank)
+        else:
+            handler = _AppendingHandler(pc.entrypoint, pc.args[local_rank], full_env, stdout, stderr, local_rank)
+        pc.subprocess_handlers[local_rank] = handler
+        wg.workers[local_rank].id = handler.proc.pid
+        return spare is not None
+
+    # --- watching it --------------------------------------------------------------------------------
+
+    def poll(self, agent: GuardAgent, wg: WorkerGroup) -> RunResult | None:
+        """Each monitor round while a recovery is pending: record its end, or give up after the timeout and
+        return the FAILED result that makes the elastic agent restart the whole group."""
+        p = self.pending
+        if p is None:
+            if self.spares is not None:
+                self.spares.fill()  # after a recovery, not during it: a starting spare competes for the CPUs
+            return None
+        joined = int(self.store.add(protocol.inprocess_key(p.attempt, "joined"), 0))
+        world = wg.workers[0].world_size if wg.workers else 0
+        now = time.monotonic()
+        if joined >= world:
+            self.pending = None
+            agent.emit(InProcessRecovery(time=time.time(), host=agent.cfg.node_id, attempt=p.attempt,
+                                         status="recovered", ranks=p.ranks, failure_kind=p.kind,
+                                         seconds=now - p.started_mono, warm_spares_used=p.warm))
+            return None
+        if now < p.deadline_mono:
+            return None
+        return self.fall_back(agent, f"{joined} of {world} ranks formed the process group within "
+                                     f"{self.timeout_seconds:g}s")
+
+    def abandon(self, agent: GuardAgent, why: str) -> None:
+        """Record that the pending recovery failed; the whole-process restart that follows replaces it."""
+        p = self.pending
+        self.pending = None
+        if p is None:
+            return
+        agent.emit(InProcessRecovery(time=time.time(), host=agent.cfg.node_id, attempt=p.attempt,
+                                     status="fallback", ranks=p.ranks, failure_kind=p.kind,
+                                     seconds=time.monotonic() - p.started_mono, warm_spares_used=p.warm,
+                                     detail=why))
+        agent._remaining_restarts += 1  # the in-process try and its fallback count as one restart
+        log.warning("in-process restart abandoned (%s): restarting every worker", why)
+
+    def fall_back(self, agent: GuardAgent, why: str) -> RunResult:
+        """Abandon the pending recovery: record it, end its attempt, stop every local worker."""
+        self.abandon(agent, why)
+        agent._close_attempt("failure", None)
+        agent._stop_local_workers(signal.SIGTERM)
+        return RunResult(state=WorkerState.FAILED)
+
+    def close(self) -> None:
+        """End of the run: stop the waiting spares."""
+        if self.spares is not None:
+            self.spares.close()

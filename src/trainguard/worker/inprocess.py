@@ -1,0 +1,287 @@
+"""In-process restart: `restartable` runs a training function again in the same interpreter after a peer fails.
+
+Under ``trainguard run --in-process`` a rank whose collective breaks because a peer died (or was killed for
+hanging) does not exit: it tears its process group down, waits for the agent to start the next attempt
+(only the failed ranks get new processes), re-forms the group under that attempt's store prefix and calls
+the function again, which restores from its checkpoint. Without ``--in-process`` (plain torchrun, or
+``trainguard run`` without the flag) the wrapper only initializes and destroys the process group.
+See docs/run.md ("In-process restart").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar, cast, overload
+
+from trainguard import protocol
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "timeout", "abort")
+"""Words in a RuntimeError's message that say a collective broke (torch raises a plain RuntimeError for gloo)."""
+
+
+class InProcessGaveUp(RuntimeError):
+    """The agent started no new attempt within the timeout after a peer failure; the rank exits."""
+
+
+@dataclass(frozen=True)
+class InProcessSettings:
+    """What the agent tells a rank about in-process restarts (``TRAINGUARD_INPROCESS_*``)."""
+
+    host: str
+    """Host of the agent's in-process store."""
+    port: int
+    """Its TCP port."""
+    timeout_seconds: float
+    """How long to wait for the next attempt after a peer failure before exiting."""
+    attempt: int
+    """This process's attempt when it started (``TRAINGUARD_ATTEMPT``)."""
+    rank: int
+    """Global rank (``RANK``); the same in every attempt."""
+    world_size: int
+    """``WORLD_SIZE``; the same in every attempt."""
+
+    @classmethod
+    def from_environ(cls, env: dict[str, str] | None = None) -> InProcessSettings | None:
+        """The settings, or None when the agent does not run in in-process mode (or a value is malformed)."""
+        env = dict(os.environ) if env is None else env
+        host, sep, port = env.get(protocol.INPROCESS_STORE_ENV, "").rpartition(":")
+        if not sep or not port.isdigit():
+            return None
+        try:
+            timeout = float(env.get(protocol.INPROCESS_TIMEOUT_ENV, "60"))
+            return cls(host=host, port=int(port), timeout_seconds=max(1.0, timeout),
+                       attempt=int(env.get("TRAINGUARD_ATTEMPT", "0")), rank=int(env.get("RANK", "0")),
+                       world_size=int(env.get("WORLD_SIZE", "1")))
+        except ValueError:
+            return None
+
+
+def peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says a collective or the process group broke (a peer died, a connection closed),
+    as opposed to an error of the rank's own code, which ends the process as before."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(exc, dist.DistError):
+            return True
+    except ImportError:
+        return False
+    if not isinstance(exc, RuntimeError) or isinstance(exc, InProcessGaveUp):
+        return False
+    text = str(exc).lower()
+    if any(word in text for word in _PEER_WORDS):
+        return True
+    tb = exc.__traceback__
+    while tb is not None:  # raised from inside torch.distributed (a collective, DDP's reducer, a store)
+        if f"{os.sep}torch{os.sep}distributed{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _backend(backend: str | None) -> str:
+    if backend:
+        return backend
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _teardown(backend: str) -> None:
+    """Drop the default process group (and every group built on it) so a new one can be formed."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        if backend == "nccl":
+            dist.distributed_c10d._abort_process_group()  # pending NCCL work would block a plain destroy
+        else:
+            dist.destroy_process_group()
+    except Exception as exc:  # a broken group may fail to close cleanly
+        log.warning("trainguard: closing the broken process group: %s", exc)
+
+
+def _last_words(exc: BaseException, rank: int) -> None:
+    """The flight-recorder dump and stacks of the broken attempt, written before the process group goes (the
+    agent's own request comes later, when there is no group left to dump): what a rank exiting on the same
+    error would have written on its way out. Never raises."""
+    folder = os.environ.get("TRAINGUARD_EVIDENCE_DIR")
+    if not folder or not os.environ.get("TRAINGUARD_AGENT_PID"):
+        return
+    try:
+        from trainguard.worker.control import write_evidence
+
+        write_evidence(Path(folder), rank, preface=f"# collective broke; rank waits for the next attempt\n"
+                                                    f"# {type(exc).__name__}: {str(exc).splitlines()[0][:300]}\n")
+    except Exception as err:
+        log.warning("trainguard: no evidence from the broken attempt (%s)", err)
+
+
+def _enter_attempt(store: Any, attempt: int) -> None:
+    """Take the new attempt's environment and drop this process's trainguard runtime, so the function's next
+    ``trainguard.attach()`` (or the automatic hooks) writes heartbeats and events for the new attempt."""
+    raw = store.get(protocol.inprocess_key(attempt, "env"))
+    updates = json.loads(raw.decode())
+    os.environ.update({k: str(v) for k, v in updates.items() if k in protocol.INPROCESS_ATTEMPT_ENV})
+    from trainguard.worker import runtime
+
+    rt = runtime.current()
+    if rt is not None:
+        rt.close()
+    sdc = sys.modules.get("trainguard.worker.sdc")
+    if sdc is not None:  # its optimizer hook holds the old runtime
+        sdc.uninstall()
+
+
+def _next_attempt(store: Any, attempt: int, timeout_seconds: float) -> int:
+    """Block until the agent names the attempt after ``attempt``; `InProcessGaveUp` after the timeout."""
+    key = protocol.inprocess_key(attempt, "next")
+    try:
+        store.wait([key], timedelta(seconds=timeout_seconds))
+    except Exception as exc:
+        raise InProcessGaveUp(f"no new attempt within {timeout_seconds:g}s after attempt {attempt} failed") from exc
+    return int(store.get(key).decode())
+
+
+class _AbortWatch:
+    """NCCL only: abort the communicators when the agent opens the next attempt while this rank is still
+    inside the function. A gloo collective fails by itself when a peer dies (its sockets close); an NCCL one
+    may wait for the process-group timeout. Untested here (no GPUs)."""
+
+    def __init__(self, settings: InProcessSettings, attempt: int) -> None:
+        self._settings = settings
+        self._key = protocol.inprocess_key(attempt, "next")
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainguard-inprocess-abort", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        import torch.distributed as dist
+
+        try:  # its own connection: one store client is not shared between threads
+            store = dist.TCPStore(self._settings.host, self._settings.port, is_master=False,
+                                  timeout=timedelta(seconds=self._settings.timeout_seconds))
+            while not self._done.is_set():
+                try:
+                    store.wait([self._key], timedelta(seconds=5))
+                except Exception:  # not yet: look again unless the attempt ended
+                    continue
+                if not self._done.is_set() and dist.is_initialized():
+                    log.warning("trainguard: the agent opened the next attempt; aborting this rank's collectives")
+                    dist.distributed_c10d._abort_process_group()
+                return
+        except Exception as exc:  # the watch is a speed-up; the agent's timeout and fallback still apply
+            log.warning("trainguard: no abort watch (%s)", exc)
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+class _Restarter:
+    """The loop behind `restartable` for one process."""
+
+    def __init__(self, settings: InProcessSettings, backend: str) -> None:
+        import torch.distributed as dist
+
+        self.settings = settings
+        self.backend = backend
+        self.store = dist.TCPStore(settings.host, settings.port, is_master=False,
+                                   timeout=timedelta(seconds=settings.timeout_seconds))
+
+    def _form_group(self, attempt: int) -> None:
+        import torch.distributed as dist
+
+        from trainguard.worker.library import pg_timeout
+
+        s = self.settings
+        pg_store = dist.PrefixStore(protocol.inprocess_key(attempt, "pg/"), self.store)
+        dist.init_process_group(self.backend, store=pg_store, rank=s.rank, world_size=s.world_size,
+                                timeout=pg_timeout())
+        self.store.add(protocol.inprocess_key(attempt, "joined"), 1)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        attempt = self.settings.attempt
+        while True:
+            watch = _AbortWatch(self.settings, attempt) if self.backend == "nccl" else None
+            try:
+                self._form_group(attempt)
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                if watch is not None:
+                    watch.stop()
+                if not peer_failure(exc):
+                    raise
+                failed_mono = time.monotonic()
+                log.warning("trainguard: attempt %d broke on rank %d (%s: %s); waiting for the next attempt",
+                            attempt, self.settings.rank, type(exc).__name__, str(exc).splitlines()[0][:200])
+                _last_words(exc, self.settings.rank)
+                _teardown(self.backend)
+                attempt = _next_attempt(self.store, attempt, self.settings.timeout_seconds)
+                _enter_attempt(self.store, attempt)
+                log.warning("trainguard: rank %d re-enters in attempt %d (%.2fs after the failure)",
+                            self.settings.rank, attempt, time.monotonic() - failed_mono)
+                continue
+            if watch is not None:
+                watch.stop()
+            _teardown(self.backend)
+            return result
+
+
+def _plain_run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], backend: str) -> Any:
+    """No in-process agent: the process group from torchrun's environment, one call, as a plain script."""
+    import torch.distributed as dist
+
+    from trainguard.worker.library import pg_timeout
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=pg_timeout())
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _teardown(backend)
+
+
+@overload
+def restartable(fn: F, *, backend: str | None = None) -> F: ...
+
+
+@overload
+def restartable(fn: None = None, *, backend: str | None = None) -> Callable[[F], F]: ...
+
+
+def restartable(fn: F | None = None, *, backend: str | None = None) -> F | Callable[[F], F]:
+    """Make ``fn`` (the whole training: build, restore, loop) restartable in process.
+
+    The wrapper creates the default process group before each call (``backend``: ``nccl`` with CUDA,
+    else ``gloo``) and destroys it after; ``fn`` must not call ``init_process_group`` itself and must
+    restore from its checkpoint on entry. Use as ``@restartable`` or ``@restartable(backend="gloo")``.
+    An error of ``fn``'s own (not a broken collective) propagates as before and ends the process.
+    """
+
+    def wrap(f: F) -> F:
+        @functools.wraps(f)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            chosen = _backend(backend)
+            settings = InProcessSettings.from_environ()
+            if settings is None:
+                return _plain_run(f, args, kwargs, chosen)
+            return _Restarter(settings, chosen).run(f, args, kwargs)
+
+        return cast(F, run)
+
+    return wrap(fn) if fn is not None else wrap
