@@ -236,6 +236,10 @@ class CheckpointPolicyChanged(Event):
 # --- faults, diagnosis, nodes --------------------------------------------------------------------
 
 
+NODE_FAULT_RANK = -1
+"""`FaultInjected.rank` of a fault that hit a node (its agent, all its ranks) rather than one rank."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class FaultInjected(Event):
     """Chaos injection fired a fault on purpose (so tests compare injected with detected)."""
@@ -243,6 +247,7 @@ class FaultInjected(Event):
     TYPE: ClassVar[str] = "fault_injected"
     attempt: int
     rank: int
+    """The rank the fault hit; ``NODE_FAULT_RANK`` (-1) for a fault of a whole node (``params["node"]``)."""
     step: int
     kind: str
     params: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.clocks import estimate_offsets, reference_host
-from trainguard.events import AttemptStarted, Event, RunEnded, RunStarted, StepCompleted, StepSpan
+from trainguard.events import (
+    NODE_FAULT_RANK,
+    AttemptStarted,
+    Event,
+    FaultInjected,
+    RunEnded,
+    RunStarted,
+    StepCompleted,
+    StepSpan,
+)
 from trainguard.rundir import LoadedEvent
 
 log = logging.getLogger(__name__)
@@ -70,7 +79,8 @@ def _intrinsic_problem(e: Event) -> str | None:
             return f"negative {name} ({v:g})"
     for name in _COUNTS:
         v = getattr(e, name, None)
-        if isinstance(v, int) and v < 0:
+        if isinstance(v, int) and v < 0 and not (isinstance(e, FaultInjected) and name == "rank"
+                                                 and v == NODE_FAULT_RANK):
             return f"negative {name} ({v})"
     for name in _SIZES:
         v = getattr(e, name, None)

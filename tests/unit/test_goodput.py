@@ -142,6 +142,17 @@ def test_one_implausible_record_is_excluded_visibly(tmp_path: Path, change: dict
     assert data["excluded_records_total"] == 1 and data["excluded_records"][0]["line"] == 300
 
 
+def test_a_node_fault_with_the_node_rank_marker_is_kept_but_other_negative_ranks_are_not(tmp_path: Path) -> None:
+    root = _sample_copy(tmp_path)
+    fault = {"v": 1, "type": "fault_injected", "time": T_SAMPLE + 100, "host": "node-a", "attempt": 0, "step": 0,
+             "kind": "node-crash", "params": {"node": "node-a"}}
+    agent = root / "events" / "agent-node-a.jsonl"
+    _insert(agent, 3, {**fault, "rank": -1})  # rank -1: the documented marker of a whole node's fault
+    _insert(agent, 3, {**fault, "rank": -2})
+    report = compute_goodput(root)
+    assert [e.reason for e in report.excluded_records] == ["negative rank (-2)"]
+
+
 def test_implausible_run_bounds_and_world_size_are_excluded(tmp_path: Path) -> None:
     root = _sample_copy(tmp_path)
     agent = root / "events" / "agent-node-a.jsonl"

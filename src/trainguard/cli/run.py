@@ -310,7 +310,9 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.launch.supervisor import supervise
 
     quiet_torch_logs(getattr(args, "verbose", 0))
-    console = Console(cfg, quiet=args.quiet)
+    # Agents of a multi-node job often share one terminal (srun, the multi-node demo): name the node.
+    console = Console(cfg, quiet=args.quiet,
+                      label="trainguard" if cfg.max_nodes == 1 else f"trainguard[{cfg.node_id}]")
     console.line(f"run dir {cfg.run_dir}, node {cfg.node_id}, {cfg.nproc_per_node} rank(s), "
                  f"rendezvous {cfg.rdzv_backend} {cfg.rdzv_endpoint} id {cfg.run_id}")
     console.start()
