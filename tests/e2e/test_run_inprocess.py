@@ -63,6 +63,21 @@ def test_killed_rank_is_replaced_in_process_with_the_fault_free_loss(tmp_path: P
     assert {e["rank"] for e in steps} == {0, 1}
 
 
+def test_the_survivor_of_one_recovery_can_fail_and_be_replaced_in_the_next(
+        tmp_path: Path, fault_free_loss: float) -> None:
+    run_dir = tmp_path / "run"
+    loss, agent = _run(run_dir, "--in-process", "--inject", "crash@step=6,rank=1;crash@step=12,rank=0")
+    assert loss == pytest.approx(fault_free_loss, abs=1e-6)
+    recoveries = of_type(agent, "inprocess_recovery")
+    assert [(r["attempt"], r["ranks"], r["status"]) for r in recoveries] == [(1, [1], "recovered"),
+                                                                             (2, [0], "recovered")]
+    assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "in-process", "in-process"]
+    # Each survivor left the broken attempt's flight-recorder dump and stacks before it dropped its group.
+    assert (run_dir / "diagnostics" / "attempt-0" / "fr_trace_rank_0.pkl").stat().st_size > 0
+    assert (run_dir / "diagnostics" / "attempt-1" / "fr_trace_rank_1.pkl").stat().st_size > 0
+    assert (run_dir / "diagnostics" / "attempt-1" / "stacks_rank_1.txt").stat().st_size > 0
+
+
 def test_a_warm_spare_takes_the_killed_ranks_place(tmp_path: Path, fault_free_loss: float) -> None:
     run_dir = tmp_path / "run"
     loss, agent = _run(run_dir, "--in-process", "--warm-spares", "1", "--inject", "crash@step=10,rank=1",
@@ -118,6 +133,25 @@ def test_failed_in_process_restart_falls_back_to_restarting_every_worker(
     assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "in-process", "restart"]
     ended = of_type(agent, "attempt_ended")
     assert [e["reason"] for e in ended] == ["failure", "failure", "completed"]
+
+
+def test_an_in_process_restart_that_takes_too_long_falls_back(tmp_path: Path, fault_free_loss: float) -> None:
+    run_dir = tmp_path / "run"
+    loss, agent = _run(run_dir, "--in-process", "--in-process-timeout", "3", "--inject", "crash@step=10,rank=1",
+                       script=BAD_REPLACEMENT, env={"BAD_REPLACEMENT": "stall"})
+    assert loss == pytest.approx(fault_free_loss, abs=1e-6)
+    [recovery] = of_type(agent, "inprocess_recovery")
+    assert recovery["status"] == "fallback" and "0 of 2 ranks formed the process group within 3s" in recovery["detail"]
+    assert recovery["seconds"] >= 3.0
+    assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "in-process", "restart"]
+
+
+def test_without_in_process_the_wrapped_script_restarts_as_a_whole(tmp_path: Path, fault_free_loss: float) -> None:
+    run_dir = tmp_path / "run"
+    loss, agent = _run(run_dir, "--inject", "crash@step=10,rank=1")
+    assert loss == pytest.approx(fault_free_loss, abs=1e-6)
+    assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "restart"]
+    assert not of_type(agent, "inprocess_recovery")
 
 
 def test_in_process_is_refused_with_several_nodes(tmp_path: Path) -> None:

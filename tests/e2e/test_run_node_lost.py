@@ -141,3 +141,24 @@ def test_a_stopped_node_is_lost_and_leaves_when_it_comes_back(tmp_path: Path) ->
     final = [a for a in of_type(records, "attempt_started") if a["attempt"] == 1]
     assert sorted((a["host"], a["world_size"]) for a in final) == [("node0", 4), ("node1", 4)]
     assert [(e["status"], e["completed_steps"]) for e in of_type(records, "run_ended")] == [("completed", STEPS)]
+
+
+@pytest.mark.slow
+def test_with_c10d_losing_the_endpoint_host_ends_the_job_recorded_once(tmp_path: Path) -> None:
+    """The limit docs/operations.md states: the c10d store dies with node0's agent, so the others record the
+    loss (once, though the store that arbitrates claims is gone) and then end: they cannot re-form."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    with agents(tmp_path, nnodes="2:3", nproc=2, endpoint=endpoint, steps=STEPS,
+                inject="node-crash@step=4,node=node0", extra=tuple(FAST_RDZV)) as job:
+        job.start("node0")
+        job.wait("node0's rendezvous store", lambda: store_up(endpoint))
+        job.start("node1")
+        job.start("node2")
+        codes = job.finish()
+    assert codes["node0"] == -9 and codes["node1"] == codes["node2"] == 1, (codes, job.tails())
+    records = events(job.run_dir)
+    failures = of_type(records, "failure_detected")
+    assert [(f["kind"], f["hosts"]) for f in failures] == [("node-lost", ["node0"])], failures
+    for node in ("node1", "node2"):
+        assert job.result(node)["status"] == "failed"
+        assert job.result(node)["completed_steps"] is None or job.result(node)["completed_steps"] < STEPS

@@ -35,6 +35,7 @@ from trainguard import chaos, sdc
 from trainguard.errors import TrainguardError
 from trainguard.eventlog import EventWriter, iter_events
 from trainguard.events import (
+    NODE_FAULT_RANK,
     AttemptEnded,
     AttemptStarted,
     CheckpointRejected,
@@ -174,7 +175,7 @@ class GuardAgent(LocalElasticAgent):
             marker = self.layout.chaos_dir / f"unhealthy-{self.cfg.node_id}"
             write_private(marker, f"{f.to_spec()}\n".encode())
             self.emit(FaultInjected(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
-                                    rank=-1, step=0, kind="unhealthy", params={"node": self.cfg.node_id}))
+                                    rank=NODE_FAULT_RANK, step=0, kind="unhealthy", params={"node": self.cfg.node_id}))
 
     def _health_gate(self) -> None:
         from trainguard.health import HealthConfig, run_checks
@@ -450,11 +451,29 @@ class GuardAgent(LocalElasticAgent):
         by the one agent that claims the failure; the lost nodes' last beats and log tails become evidence."""
         if not self._claim_failure():
             return
+        # The lost-node markers decide too: with c10d the store that answers the claim may have died with the node.
+        if not [n for n in lost if nodes.mark_lost(self.cfg.run_dir, n.node, f"recorded by {self.cfg.node_id} in "
+                                                   f"attempt {self.attempt}")]:
+            return
         failure, *others = nodes.lost_records(self.layout, self.cfg.node_id, self.attempt, lost, wall, step,
                                               self.cfg.node_lost_timeout_seconds)
         self.failures.append(failure)
         for record in (failure, *others):
             self.emit(record)
+
+    def record_lost_peers(self) -> list[str]:
+        """After the agent lost its rendezvous (c10d's store dies with its host): record a peer that stopped
+        beating as lost, waiting at most the lost-node timeout for the verdict. Returns the lost nodes."""
+        try:
+            if self.attempt < 0 or (self._worker_group.group_world_size or 1) < 2:
+                return []
+            lost = self.peers.settle(self._peer_nodes(), time.monotonic())
+            if lost:
+                self._record_node_lost(lost, time.time(), None)
+            return [n.node for n in lost]
+        except Exception as exc:  # the job is ending anyway: never hide why
+            log.warning("could not check the peers after losing the rendezvous: %s", exc)
+            return []
 
     def _exit_barrier(self) -> None:
         """torch's wait for every agent at the end, except that a peer found lost meanwhile ends it: a killed

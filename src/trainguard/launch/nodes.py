@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.chaos import Fault
-from trainguard.events import Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
+from trainguard.events import NODE_FAULT_RANK, Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
 from trainguard.protocol import RunLayout, rank_of, read_heartbeat
 from trainguard.safefs import create_exclusive, make_dirs, write_private
 
@@ -244,7 +244,7 @@ def lost_records(layout: RunLayout, host: str, attempt: int, lost: list[LostNode
                  timeout_seconds: float) -> tuple[FailureDetected, Diagnosis, *tuple[NodeExcluded, ...]]:
     """What the agent that claimed a node loss records: ``FailureDetected`` (kind ``node-lost``, the lost nodes
     and their ranks), a ``Diagnosis`` and a ``NodeExcluded`` per lost node (from the next attempt). Keeps the
-    lost nodes' evidence and marks them lost on the way."""
+    lost nodes' evidence on the way (the caller marks them lost: `mark_lost`)."""
     members = attempt_nodes(layout, attempt)
     names = tuple(sorted(n.node for n in lost))
     ranks = tuple(sorted(r for n in names for r in members.get(n, [])))
@@ -257,8 +257,6 @@ def lost_records(layout: RunLayout, host: str, attempt: int, lost: list[LostNode
     diagnosis = Diagnosis(time=time.time(), host=host, attempt=attempt, category="Unknown", group="Unknown",
                           verdict="node-lost", culprit_ranks=ranks, culprit_hosts=names, confidence=0.9,
                           explanation=detail, evidence=files)
-    for name in names:
-        mark_lost(layout.root, name, detail)
     excluded = tuple(NodeExcluded(time=time.time(), host=host, node=name, attempt=attempt + 1,
                                   reason=f"lost: no agent beat for {timeout_seconds:g}s") for name in names)
     return (failure, diagnosis, *excluded)
@@ -296,7 +294,7 @@ def fire_due_faults(faults: Iterable[Fault], node: str, attempt: int, steps: lis
                     chaos_dir: Path, emit: Callable[[Event], None]) -> None:
     """Fire this node's node faults that are due, given its ranks' last completed steps (`due_node_faults`)."""
     for fault in due_node_faults(faults, node, attempt, min(steps, default=None)):
-        record = FaultInjected(time=time.time(), host=node, attempt=attempt, rank=-1, step=fault.step or 0,
+        record = FaultInjected(time=time.time(), host=node, attempt=attempt, rank=NODE_FAULT_RANK, step=fault.step or 0,
                                kind=fault.kind, params={"node": node})
         fire_node_fault(fault, chaos_dir, attempt, worker_pids, record, emit)
 

@@ -121,6 +121,9 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
         log.debug("agent failed", exc_info=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         status, reason = "failed", f"agent error: {exc.__class__.__name__}: {first[:300]}"
+        lost = agent.record_lost_peers()  # with c10d the store dies with its host: say which node that was
+        if lost:
+            reason += f" (node {', '.join(lost)} lost)"
     finally:
         if status in ("completed", "failed"):
             try:

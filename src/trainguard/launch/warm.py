@@ -46,8 +46,9 @@ class WarmSpares:
         self._started = 0
 
     def _command(self) -> list[str]:
-        rest = [a for a in self.args if a != "-u"]
-        return [sys.executable, "-u", "-m", "trainguard.worker.warm", *rest]
+        rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
+        python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
+        return [python, "-u", "-m", "trainguard.worker.warm", *rest]
 
     def fill(self) -> None:
         """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank)."""
