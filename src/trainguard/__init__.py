@@ -2,9 +2,10 @@
 
 The public API is what this module exports; a training script needs only ``trainguard.attach``,
 ``trainguard.Checkpointer``, ``trainguard.CheckpointConfig``, ``trainguard.IntervalPolicy`` and
-``trainguard.pg_timeout`` (docs/worker.md). Every name is imported on first use: the automatic
-instrumentation imports parts of this package into every worker when torch loads, so ``import
-trainguard`` itself must cost next to nothing (and nothing here may import torch).
+``trainguard.pg_timeout`` (docs/worker.md), and ``trainguard.restartable`` for in-process restart
+(docs/run.md). Every name is imported on first use: the automatic instrumentation imports parts of
+this package into every worker when torch loads, so ``import trainguard`` itself must cost next to
+nothing (and nothing here may import torch).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from trainguard.localize import LocalizationReport, diagnose_path
     from trainguard.rundir import RunDir
     from trainguard.worker import StepContext, Worker, attach, pg_timeout
+    from trainguard.worker.inprocess import restartable
 
 __version__ = "0.1.0"
 
@@ -56,6 +58,7 @@ _LAZY: dict[str, str] = {
     "pg_timeout": "trainguard.worker",
     "Worker": "trainguard.worker",
     "StepContext": "trainguard.worker",
+    "restartable": "trainguard.worker.inprocess",
     "Checkpointer": "trainguard.checkpoint",
     "CheckpointConfig": "trainguard.checkpoint",
     "CheckpointError": "trainguard.errors",
@@ -98,6 +101,7 @@ __all__ = [
     "iter_events",
     "pg_timeout",
     "read_events",
+    "restartable",
     "run_checks",
 ]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from trainguard.cli.console import Console
-from trainguard.events import Diagnosis
+from trainguard.events import AttemptStarted, Diagnosis, InProcessRecovery
 from trainguard.launch import blame
 from trainguard.protocol import RunLayout
 
@@ -33,3 +33,19 @@ def test_a_known_category_keeps_the_line_short(tmp_path: Path) -> None:
                                                  culprit_ranks=(0,), confidence=0.9,
                                                  explanation="Xid 48 in the log of rank 0"))
     assert line is not None and "Xid 48" not in line and "category GPU HBM3 Memory (confidence 0.90);" in line
+
+
+def test_in_process_restarts_are_named_as_such(tmp_path: Path) -> None:
+    console = _console(tmp_path)
+    started = console.describe(AttemptStarted(time=1.0, host="n0", attempt=1, world_size=2, recovery="in-process",
+                                              resume_step=4))
+    assert started == "in-process restart: attempt 1 with 2 ranks, resuming from the checkpoint of step 4"
+    plain = console.describe(AttemptStarted(time=1.0, host="n0", attempt=2, world_size=2, recovery="restart"))
+    assert plain is not None and plain.startswith("restart: attempt 2 with 2 ranks")
+    ok = console.describe(InProcessRecovery(time=1.0, host="n0", attempt=1, status="recovered", ranks=(1,),
+                                            seconds=0.31, warm_spares_used=1))
+    assert ok == "in-process restart of attempt 1 recovered in 0.31s: rank 1 replaced (1 from warm spares)"
+    gave_up = console.describe(InProcessRecovery(time=1.0, host="n0", attempt=1, status="fallback", ranks=(1,),
+                                                 seconds=30.0, detail="group incomplete after 30 s"))
+    assert gave_up == ("in-process restart of attempt 1 gave up after 30.00s: group incomplete after 30 s; "
+                       "restarting every worker")

@@ -16,7 +16,7 @@ from trainguard.events import CheckpointLoaded, CheckpointSaveFinished, StepComp
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"
-IN_SCRIPT = {"attach", "Checkpointer", "CheckpointConfig", "IntervalPolicy", "pg_timeout", "Worker"}
+IN_SCRIPT = {"attach", "Checkpointer", "CheckpointConfig", "IntervalPolicy", "pg_timeout", "Worker", "restartable"}
 
 
 def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.eventlog import EventFollower
-from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, NodeExcluded
+from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, InProcessRecovery, NodeExcluded
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,18 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 def _hosts(hosts: tuple[str, ...]) -> str:
     return f" on {'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)}" if hosts else ""
+
+
+def _inprocess_line(record: InProcessRecovery) -> str:
+    """How an in-process restart ended: the new group formed, or the agent fell back to restarting everyone."""
+    replaced = f"{_ranks(record.ranks)} replaced" if record.ranks else "no rank replaced"
+    warm = f" ({record.warm_spares_used} from warm spares)" if record.warm_spares_used else ""
+    if record.status == "recovered":
+        return (f"in-process restart of attempt {record.attempt} recovered in {record.seconds:.2f}s: "
+                f"{replaced}{warm}")
+    why = f": {record.detail}" if record.detail else ""
+    return (f"in-process restart of attempt {record.attempt} gave up after {record.seconds:.2f}s{why}; "
+            f"restarting every worker")
 
 
 def run_ettr(run_dir: Path) -> float | None:
@@ -92,7 +104,10 @@ class Console:
         if isinstance(record, AttemptStarted) and record.attempt > 0:
             resume = (f"resuming from the checkpoint of step {record.resume_step}" if record.resume_step is not None
                       else "no trainguard checkpoint: the script resumes from its own, if it keeps one")
-            return f"restart: attempt {record.attempt} with {record.world_size} ranks, {resume}"
+            how = "in-process restart" if record.recovery == "in-process" else "restart"
+            return f"{how}: attempt {record.attempt} with {record.world_size} ranks, {resume}"
+        if isinstance(record, InProcessRecovery):
+            return _inprocess_line(record)
         return None
 
     # --- following the event file ----------------------------------------------------------------

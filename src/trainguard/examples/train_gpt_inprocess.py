@@ -1,7 +1,7 @@
 """The reference GPT workload written for in-process restart (``trainguard run --in-process``).
 
 The same model, data and checkpoints as ``train_gpt.py``; the difference is the shape: the whole training
-(build, restore, loop) is one function decorated with `trainguard.worker.inprocess.restartable`, which
+(build, restore, loop) is one function decorated with `trainguard.restartable`, which
 creates the process group itself. After a peer fails, the surviving ranks call the function again in the
 same interpreter (torch stays imported) and it resumes from the newest checkpoint, so the final loss
 equals a fault-free run's. Under plain torchrun it runs once, like any script.
@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 import trainguard
 from trainguard.examples.train_gpt import GPT, batch_for, make_checkpointer, parse_args
-from trainguard.worker.inprocess import restartable
 
 
 def _restore(args: argparse.Namespace, model: GPT, opt: torch.optim.Optimizer, worker: Any, ckpt: Any) -> int:
@@ -63,7 +62,7 @@ def _step(args: argparse.Namespace, model: GPT, opt: torch.optim.Optimizer, para
     return float(flat[-1])
 
 
-@restartable(backend="gloo")
+@trainguard.restartable(backend="gloo")
 def train(args: argparse.Namespace) -> float:
     """One attempt of the whole training; returns the final (all-reduced mean) loss."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
