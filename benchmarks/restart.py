@@ -168,6 +168,17 @@ def _section(rows: list[dict[str, Any]], bare_fault: float, goal_ratio: float | 
     return out
 
 
+def _multi_node(reps: int) -> dict[str, Any]:
+    """The multi-node section: node death -> first step on the new set of nodes (c10d, etcd), next to the
+    single-node restart, measured by the sibling script in its own processes."""
+    script = Path(__file__).with_name("restart_nodes.py")
+    done = subprocess.run([sys.executable, str(script), "--reps", str(reps)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
+    return dict(json.loads(done.stdout))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--reps", type=int, default=2)
@@ -175,6 +186,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--crash-step", type=int, default=40)
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--multi-node", action="store_true",
+                   help="also run benchmarks/restart_nodes.py (node death with 3 agents, c10d and etcd) and include "
+                        "its JSON as 'multi_node'")
     args = p.parse_args()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNNERS}
     with tempfile.TemporaryDirectory() as d:
@@ -208,6 +222,7 @@ def main() -> int:
         "warm_restart": _section(rows["warm_restart"], bare_fault, WARM_GOAL_RATIO),
         "hang": hang,
         "hang_inprocess": hang_inprocess,
+        **({"multi_node": _multi_node(args.reps)} if args.multi_node else {}),
     }, indent=2))
     return 0
 
