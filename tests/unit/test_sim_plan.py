@@ -84,14 +84,9 @@ def test_calibration_recovers_the_inputs_of_a_simulated_run(tmp_path: Path) -> N
 def test_calibration_measures_inprocess_restarts_apart(tmp_path: Path) -> None:
     """Attempts opened by an in-process restart are timed apart from full restarts, and the in-process
     outcomes give the share that did not fall back (records of the supervisor's in-process path)."""
-    import dataclasses
-
     from trainguard import events as ev
     from trainguard.rundir import RunDir
 
-    fields = {f.name for f in dataclasses.fields(ev.AttemptStarted)}
-    if "recovery" not in fields or not hasattr(ev, "InProcessRecovery"):
-        pytest.skip("this checkout's event language has no in-process restart records yet")
     out: list[ev.Event] = [ev.AttemptStarted(time=0.0, attempt=0)]
     t = 0.0
     # attempt k fails at t+100; the next attempt's first step starts 2 s later (in-process) or 9 s later (full)
@@ -102,10 +97,10 @@ def test_calibration_measures_inprocess_restarts_apart(tmp_path: Path) -> None:
         out.append(ev.FailureDetected(time=t, attempt=k, kind="crash"))
         out.append(ev.AttemptStarted(time=t + gap / 2, attempt=k + 1, recovery=path))
         if path == "in-process":
-            out.append(ev.InProcessRecovery(time=t + gap / 2, attempt=k + 1, outcome="recovered", seconds=gap / 2))
+            out.append(ev.InProcessRecovery(time=t + gap / 2, attempt=k + 1, status="recovered", seconds=gap / 2))
         t += gap
         out.append(ev.StepCompleted(time=t + 1.0, attempt=k + 1, rank=0, step=2, duration_seconds=1.0))
-    out.append(ev.InProcessRecovery(time=t + 5, attempt=9, outcome="fallback"))
+    out.append(ev.InProcessRecovery(time=t + 5, attempt=9, status="fallback"))
     with RunDir(tmp_path / "r").create().writer("agent-x") as writer:
         writer.write_all(out)
     cal = calibrate_from_run(tmp_path / "r")

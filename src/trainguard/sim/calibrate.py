@@ -19,6 +19,7 @@ from trainguard.events import (
     CheckpointLoaded,
     CheckpointSaveFinished,
     FailureDetected,
+    InProcessRecovery,
     StepCompleted,
     StepSpan,
 )
@@ -94,11 +95,10 @@ class _Samples:
             self.restores.append(ev.seconds)
         elif isinstance(ev, AttemptStarted):
             self.attempt_start[ev.attempt] = min(ev.time, self.attempt_start.get(ev.attempt, ev.time))
-            if getattr(ev, "recovery", "") == "in-process":
+            if ev.recovery == "in-process":
                 self.inprocess_attempts.add(ev.attempt)
-        elif getattr(ev, "TYPE", "") == "inprocess_recovery":
-            # read by name: the record is newer than some run directories this reads
-            self.inprocess_outcomes.append(getattr(ev, "outcome", "") == "recovered")
+        elif isinstance(ev, InProcessRecovery):
+            self.inprocess_outcomes.append(ev.status == "recovered")
         elif isinstance(ev, FailureDetected):
             self.failed_at[ev.attempt] = min(ev.time, self.failed_at.get(ev.attempt, ev.time))
         elif isinstance(ev, AttemptEnded) and ev.reason == "failure":

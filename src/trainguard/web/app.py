@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard.goodput import GoodputReport, compute_goodput
+from trainguard.report.thermal_power import run_sections
 from trainguard.report.view import EVIDENCE_DIRS, build_view
 from trainguard.web import render as pages
 from trainguard.web.catalog import Cache, Catalog, RunEntry, etag
@@ -138,6 +139,16 @@ class Dashboard:
 
         return self.cache.get("view", entry.path, compute)
 
+    def _document(self, entry: RunEntry) -> tuple[dict[str, Any] | Exception, tuple[Any, ...]]:
+        """The ``trainguard report --json`` document: the goodput report plus the thermal and power sections."""
+        def compute(path: Path) -> dict[str, Any]:
+            report, _ = self._report(entry)
+            if isinstance(report, Exception):
+                raise report
+            return {**report.to_json(), **run_sections(path)}
+
+        return self.cache.get("document", entry.path, compute)
+
     def _summary(self, entry: RunEntry) -> dict[str, Any]:
         report, _ = self._report(entry)
         row: dict[str, Any] = {"id": entry.id, "name": entry.path.name, "path": str(entry.path),
@@ -183,7 +194,7 @@ class Dashboard:
 
     def api_run(self, request: Request) -> Response:
         """Exactly the ``trainguard report --json`` document."""
-        return self._json(request, "report", lambda r: r.to_json())
+        return self._json(request, "report", lambda document: document)
 
     def api_view(self, request: Request) -> Response:
         return self._json(request, "view", lambda v: v)
@@ -192,7 +203,7 @@ class Dashboard:
         entry = self._entry(request)
         if entry is None:
             return JSON({"error": "no such run"}, status_code=404)
-        value, sig = self._report(entry) if kind == "report" else self._view(entry)
+        value, sig = self._document(entry) if kind == "report" else self._view(entry)
         if isinstance(value, Exception):
             return JSON({"error": f"{entry.path}: {value}"}, status_code=422)
         tag = etag(sig, kind)

@@ -9,6 +9,7 @@ turns the failing part off.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -225,6 +226,10 @@ class Runtime:
             return
         self._thread = threading.Thread(target=self._loop, name="trainguard-heartbeat", daemon=True)
         self._thread.start()
+        # The script is over once the interpreter shuts down; torch's teardown can take seconds after that
+        # (more on a loaded host), with this daemon thread already gone: say "done" first, so the agent does
+        # not read the silence as a frozen process.
+        atexit.register(self.close)
 
     def _loop(self) -> None:
         with contextlib.suppress(OSError):  # low priority: stay out of the training threads' way
