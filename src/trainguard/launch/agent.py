@@ -2,10 +2,12 @@
 
 A thin adapter: the elastic agent keeps doing what it does well (c10d rendezvous across nodes, starting and
 restarting the local workers, the restart budget); the decisions live in pure modules (`watchdog`: is the
-job hung, `blame`: who caused it, `policy`: restart or stop, `stop`: how workers end). Hooks:
+job hung, `blame`: who caused it, `policy`: restart or stop, `stop`: how workers end) and the work in helper
+modules (`admission`: may this node join, `failures`: evidence, classification and the failure records,
+`corruption`: silent data corruption, `nodes`: lost peers, `inprocess`: in-process restarts). Hooks:
 
 * ``_rendezvous``: before every (re)start, applies node-level chaos, runs health checks and leaves the job
-  (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon;
+  (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon (`admission`);
 * ``_start_workers``: the worker environment (`trainguard.protocol.WorkerEnv`) and ``AttemptStarted``;
 * ``_monitor_workers``: sees crashes (a process exited) and hangs (`Watchdog` over the heartbeats), and on
   either gathers evidence from every live rank *before* returning the failure, since the base agent
@@ -17,7 +19,6 @@ job hung, `blame`: who caused it, `policy`: restart or stop, `stop`: how workers
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
@@ -29,52 +30,33 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from trainguard import chaos, sdc
-from trainguard.errors import TrainguardError
-from trainguard.eventlog import EventWriter, iter_events
-from trainguard.events import (
-    NODE_FAULT_RANK,
-    AttemptEnded,
-    AttemptStarted,
-    CheckpointRejected,
-    Diagnosis,
-    Event,
-    FailureDetected,
-    FaultInjected,
-    HealthCheckResult,
-    NodeExcluded,
-    PlannedInterruption,
-    RunStarted,
-)
-from trainguard.launch import blame, evidence, nodes
+from trainguard.eventlog import EventWriter
+from trainguard.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
+from trainguard.launch import admission, blame, evidence, nodes
+from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.corruption import CorruptionResponse
+from trainguard.launch.failures import (
+    FailureRecorder,
+    hang_finding,
+    latest_checkpoint,
+    live_ranks,
+    rank_logs,
+    wait_for_peer_dumps,
+)
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
-from trainguard.safefs import make_dirs, write_private
+from trainguard.safefs import make_dirs
+
+__all__ = ["GuardAgent", "NodeExcludedExit", "latest_checkpoint"]
 
 log = logging.getLogger(__name__)
-
-DUMP_WAIT_SECONDS = 3.0
-"""How long the node recording a hang waits for other nodes' dumps in a shared diagnostics folder."""
-_HANG_VERDICTS = ("hang", "p2p-hang")
-
-
-class NodeExcludedExit(RendezvousGracefulExitError):
-    """This node failed a high-severity health check (or is a lemon) and leaves the job."""
-
-
-def latest_checkpoint(directory: Path) -> int | None:
-    """Newest committed checkpoint step (manifest present; verification happens in the workers' restore)."""
-    from trainguard.checkpoint import latest_step
-
-    step = latest_step(directory)
-    return int(step) if step is not None else None
 
 
 def _auto_instrument_path() -> str | None:
@@ -112,19 +94,19 @@ class GuardAgent(LocalElasticAgent):
         self.run_started_written = False
         self.stop_reason: str | None = None
         self.excluded_reason: str | None = None
-        self.failures: list[FailureDetected] = []
+        self.recorder = FailureRecorder(cfg, self.emit, lambda: getattr(self, "_store", None))
+        self.failures = self.recorder.failures
+        """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
+        self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
+        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.launch.corruption`)."""
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
-        self._sdc_pending: tuple[sdc.SdcMarker, dict[int, str]] | None = None
-        """Corruption found in the last attempt (marker, rank -> node): rollback and exclusion at the restart."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self._warned_no_bootstrap = False
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
-        self.peers = nodes.PeerWatch(cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
-        self._peers_polled_mono = 0.0
-        self._peers_cache: tuple[int, list[str]] | None = None
+        self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
             # import now what the first failure needs, not inside the restart's critical path
             importlib.import_module(name)
@@ -149,115 +131,34 @@ class GuardAgent(LocalElasticAgent):
                                                                          w.global_rank))
                 for w in wg.workers}
 
-    def _hosts_of(self, ranks: list[int]) -> tuple[str, ...]:
-        where = self.layout.rank_nodes(self.attempt)
-        return tuple(sorted({where.get(r, self.cfg.node_id) for r in ranks}))
+    def _world_size(self) -> int:
+        workers = self._worker_group.workers
+        return workers[0].world_size if workers else 0
 
-    def _claim_failure(self) -> bool:
-        """Only one node records a failure that several nodes see."""
-        store = getattr(self, "_store", None)
-        if store is None:
-            return True
-        try:
-            key = f"trainguard/{self.cfg.run_id}/failure/{self.attempt}"
-            return int(store.add(key, 1)) == 1  # add, not compare_set: etcd's store has only add
-        except Exception:
-            return True
+    def _gather(self, wg: WorkerGroup, exclude: set[int]) -> evidence.GatheredEvidence:
+        """Every live local rank's dump and stacks, and every local rank's log tail (`trainguard.launch.evidence`)."""
+        return evidence.gather(self.cfg.run_dir, self.diag_dir(), live_ranks(wg, exclude),
+                               rank_logs(self.layout, self.attempt, wg))
 
-    # --- before every (re)start -----------------------------------------------------------------
-
-    def _apply_node_chaos(self) -> None:
-        for f in self.faults:
-            if f.kind != "unhealthy" or f.node != self.cfg.node_id:
-                continue
-            if (f.attempt if f.attempt is not None else 0) != self.attempt:
-                continue
-            marker = self.layout.chaos_dir / f"unhealthy-{self.cfg.node_id}"
-            write_private(marker, f"{f.to_spec()}\n".encode())
-            self.emit(FaultInjected(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
-                                    rank=NODE_FAULT_RANK, step=0, kind="unhealthy", params={"node": self.cfg.node_id}))
+    # --- before every (re)start (`trainguard.launch.admission`) ------------------------------------
 
     def _health_gate(self) -> None:
-        from trainguard.health import HealthConfig, run_checks
-
-        bad: list[str] = []
-        if self.cfg.health_checks:
-            results = run_checks(HealthConfig(
-                node=self.cfg.node_id, run_dir=self.cfg.run_dir, checkpoint_dir=self.cfg.checkpoint_dir,
-                # The store only exists once the first rendezvous ran: check it on restarts only.
-                rdzv_endpoint=self.cfg.rdzv_endpoint if self.attempt > 0 else None,
-                torch_checks=False, gpu_checks=self.cfg.gpu_checks,
-            ))
-            for r in results:
-                self.emit(HealthCheckResult(time=time.time(), host=self.cfg.node_id, name=r.name,
-                                            severity=r.severity, ok=r.ok, detail=r.detail,
-                                            skipped=r.skipped, attempt=self.attempt))
-                if not r.ok and not r.skipped and r.severity == "high":
-                    bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
-        bad.extend(self._lemon_reasons())
-        bad.extend(nodes.lost_reasons(self.cfg.run_dir, self.cfg.node_id))
+        bad = admission.exclusion_reasons(self.cfg, self.attempt, self.emit)
         bad.extend(self.watch.exclusion_reasons(self.attempt))
-        bad.extend(self._sdc_exclusion())
+        bad.extend(self.corruption.exclusion_reasons(self.attempt))
         if bad:
-            reason = "; ".join(bad)
-            self.emit(NodeExcluded(time=time.time(), host=self.cfg.node_id, node=self.cfg.node_id,
-                                   reason=reason, attempt=self.attempt))
-            self.excluded_reason = reason
-            self._leave_rendezvous()
-            raise NodeExcludedExit(f"node {self.cfg.node_id} excluded: {reason}")
-
-    def _leave_rendezvous(self) -> None:
-        """Leave the current rendezvous round now, so the other nodes (and a waiting spare) form the next one
-        at once instead of waiting until this node's keep-alive expires (3 x 5 s in torch's c10d handler)."""
-        handler = self._worker_group.spec.rdzv_handler
-        try:  # torch has no public "leave" (shutdown() closes the rendezvous for every node)
-            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-            handler._stop_heartbeats()
-            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
-        except Exception as exc:  # the others then drop this node when its keep-alive expires
-            log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", exc)
-
-    def _sdc_exclusion(self) -> list[str]:
-        """The reason to exclude this node when one of its ranks corrupted parameters in the last attempt.
-
-        A node that cannot be excluded (the job's only node, or no majority named a culprit) is kept, and a
-        failed low-severity ``sdc`` check records that it should be drained after the job.
-        """
-        if self._sdc_pending is None:
-            return []
-        marker, nodes = self._sdc_pending
-        decision = sdc.exclusion_decision(marker, nodes, self.cfg.node_id, self.cfg.max_nodes)
-        if decision.exclude:
-            return [decision.reason]
-        if decision.reason:
-            self.emit(HealthCheckResult(time=time.time(), host=self.cfg.node_id, name="sdc", severity="low",
-                                        ok=False, detail=decision.reason, attempt=self.attempt))
-        return []
-
-    def _lemon_reasons(self) -> list[str]:
-        from trainguard.fleetdb import FleetDB, default_db_path
-        from trainguard.lemon import flagged_hosts
-
-        path = Path(self.cfg.fleet_db) if self.cfg.fleet_db else default_db_path()
-        if not path.exists():  # no fleet history yet; do not create a database as a side effect
-            return []
-        try:
-            with FleetDB(path) as db:
-                flagged = flagged_hosts(db)
-        except Exception as exc:  # a broken fleet database must not stop the job
-            log.warning("lemon check skipped: %s", exc)
-            return []
-        return [f"lemon: {self.cfg.node_id} flagged by fleet history"] if self.cfg.node_id in flagged else []
+            self.excluded_reason = "; ".join(bad)
+            admission.exclude(self.cfg.node_id, self.attempt, self.excluded_reason,
+                              self._worker_group.spec.rdzv_handler, self.emit)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         self.attempt += 1
-        self._apply_node_chaos()
+        admission.apply_node_chaos(self.faults, self.cfg, self.attempt, self.emit)
         self._health_gate()
         first = self.attempt == 0
         super()._rendezvous(worker_group)
         if first:  # a spare joining a running job continues the job's attempt numbers
-            self.attempt = max(self.attempt, self._attempts_ended())
+            self.attempt = max(self.attempt, admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
         self.leader = worker_group.group_rank == 0
         # Only the first attempt's leader starts the run: one that took over from a lost leader must not.
@@ -271,16 +172,6 @@ class GuardAgent(LocalElasticAgent):
             self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
                                  world_size=ws, nnodes=worker_group.group_world_size or 1,
                                  target_steps=self.cfg.target_steps, config=config))
-
-    def _attempts_ended(self) -> int:
-        """1 + the highest attempt any agent of this run dir closed (0 when none did)."""
-        top = -1
-        for path in self.layout.events_dir.glob("agent-*.jsonl"):
-            with contextlib.suppress(TrainguardError):  # an unreadable file tells nothing about attempts
-                for _, record in iter_events(path):
-                    if isinstance(record, AttemptEnded):
-                        top = max(top, record.attempt)
-        return top + 1
 
     def _worker_environ(self) -> dict[str, str]:
         env = WorkerEnv(
@@ -310,7 +201,7 @@ class GuardAgent(LocalElasticAgent):
             del os.environ["PYTHONPATH"]
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        self._sdc_rollback()
+        self.corruption.rollback()
         self._open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
         return super()._start_workers(worker_group)
 
@@ -355,16 +246,13 @@ class GuardAgent(LocalElasticAgent):
         return {wg.workers[local_rank].global_rank for local_rank, h in handlers.items() if h.proc.poll() == 0}
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        marker_file = sdc.marker_path(self.cfg.run_dir, self.attempt)
-        if self._sdc_pending is None and os.path.lexists(marker_file):  # one stat per poll
-            marker = sdc.read_marker(marker_file)
-            if marker is not None and marker.attempt == self.attempt:
-                return self._on_sdc(worker_group, marker)
+        marker = self.corruption.found(self.attempt)
+        if marker is not None:
+            return self._on_sdc(worker_group, marker)
         early = self._exited_early(worker_group)
         if early and self._early is None:
             wall, mono = time.time(), time.monotonic()
-            ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(worker_group, set(early)),
-                                 self._logs(worker_group))
+            ev = self._gather(worker_group, set(early))
             self._early = (early, ev, wall, mono)
             if self.inprocess is not None:  # only the failed ranks get new processes, if it can be done
                 return self.inprocess.after_exit(self, worker_group)
@@ -386,7 +274,7 @@ class GuardAgent(LocalElasticAgent):
             verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
             if verdict is None:
                 self._last_alive_mono = mono
-                leave = self.watch.poll(lambda: self._live(worker_group, set()), self.leader)
+                leave = self.watch.poll(lambda: live_ranks(worker_group, set()), self.leader)
                 return result if leave is None else self._leave_for_spare(leave)
             return self._on_hang(worker_group, verdict, time.time(), mono)
         if result.state == WorkerState.FAILED:
@@ -399,36 +287,90 @@ class GuardAgent(LocalElasticAgent):
         """Straggler policy ``restart-now`` named a rank of this node and a spare waits: end this attempt as a
         planned interruption; the restart's health gate then excludes this node (`AgentWatch.exclusion_reasons`)
         and the spare takes its place in the rendezvous."""
-        self._claim_failure()  # the peers' workers fail when ours stop: that is this restart, not a new failure
+        # The peers' workers fail when ours stop: that is this restart, not a new failure.
+        self.recorder.claim(self.attempt)
         self.emit(PlannedInterruption(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, reason=reason))
         self._close_attempt("planned", None)
         self._stop_local_workers(signal.SIGTERM)
         self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
         return RunResult(state=WorkerState.FAILED)
 
-    # --- lost nodes and node-level chaos (`trainguard.launch.nodes`) ---------------------------------
+    # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.launch.corruption`'s
 
-    def _peer_nodes(self) -> list[str]:
-        """The other nodes of this attempt (from the heartbeat folders: cached once every rank has one)."""
-        cached = self._peers_cache
-        if cached is not None and cached[0] == self.attempt:
-            return cached[1]
-        members = nodes.attempt_nodes(self.layout, self.attempt)
-        peers = [n for n in members if n != self.cfg.node_id]
-        workers = self._worker_group.workers
-        if workers and sum(len(r) for r in members.values()) >= workers[0].world_size:
-            self._peers_cache = (self.attempt, peers)
-        return peers
+    def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
+        if self._early is not None:
+            codes, ev, wall, mono = self._early
+            self._early = None
+        else:
+            wall, mono = time.time(), time.monotonic()
+            codes = {r: f.exitcode for r, f in result.failures.items()}
+            ev = self._gather(wg, set(codes))
+        failed = sorted(codes)
+        culprits, kind = blame.crash_culprits(codes)
+        beats = self._read_beats(wg)
+        steps = [b.step for b in beats.values() if b is not None]
+        detail = blame.crash_detail(codes)
+        if self.watch.planned_leave(self.attempt) is not None:  # a node left for a waiting spare (restart-now)
+            self._close_attempt("planned", None)
+            self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
+            return result
+        if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
+            time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
+        lost = self._lost_behind(codes, kind, wg, mono)
+        if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
+            self.recorder.record_node_lost(self.attempt, lost, time.time(), min(steps) if steps else None)
+        elif self.recorder.claim(self.attempt):
+            self.recorder.record(self.attempt, kind, culprits, mono - self._last_alive_mono, wall,
+                                 min(steps) if steps else None, ev, detail, verdict="crash", explanation=detail,
+                                 if_unknown=blame.unexplained_crash_note(codes, culprits))
+        self._close_attempt("failure", codes[failed[0]] if failed else None)
+        self._apply_policy(beats, ev)
+        return result
+
+    def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
+        world = wg.workers[0].world_size if wg.workers else 0
+        if len(wg.workers) < world:  # ranks wait for a node that may be stopped or cut off as a whole
+            lost = self.peers.settle(self.attempt, self._world_size(), mono)
+            if lost:
+                return self._on_node_lost(wg, lost, time.time())
+        ev = self._gather(wg, set())
+        wait_for_peer_dumps(self.diag_dir(), len(wg.workers), world)
+        found = hang_finding(ev, verdict, world, self.layout, self.attempt)
+        latency = mono - verdict.onset_mono
+        detail = f"{verdict.reason}; {found.explanation}"
+        if self.recorder.claim(self.attempt):
+            last = min(verdict.last_steps.values()) if verdict.last_steps else None
+            self.recorder.record(self.attempt, "hang", found.culprits, latency, wall, last, ev, detail,
+                                 verdict=found.verdict, explanation=found.diagnosis_explanation,
+                                 diagnosis_ranks=found.diagnosis_ranks, backend=found.backend)
+        self._close_attempt("failure", None)
+        self._apply_policy(self._read_beats(wg), ev)
+        if self.inprocess is not None and self.inprocess.recover(self, wg, found.culprits, "hang", kill=True):
+            return RunResult(state=WorkerState.HEALTHY)  # the hung ranks were killed and replaced
+        return RunResult(state=WorkerState.FAILED)
+
+    def _on_sdc(self, wg: WorkerGroup, marker: sdc.SdcMarker) -> RunResult:
+        """The ranks found replicas that disagree: stop them, record it; rollback and exclusion follow at
+        the restart (`CorruptionResponse`), once every node has stopped its workers."""
+        wall = time.time()
+        # The ranks wait for us: stop them before anything else so no save of corrupted state commits.
+        self._stop_local_workers(signal.SIGTERM)
+        self.corruption.record(marker, self.attempt, wall)
+        self._close_attempt("failure", None)
+        beats = self._read_beats(wg)
+        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
+        return RunResult(state=WorkerState.FAILED)
+
+    # --- lost nodes and node-level chaos (`trainguard.launch.nodes`) ---------------------------------
 
     def _node_watch(self, wg: WorkerGroup, beats: dict[int, Heartbeat | None], mono: float) -> list[nodes.LostNode]:
         """Fire this node's due node faults; twice a second, the peers that stopped beating."""
         if self.faults and all(b is not None for b in beats.values()):
             nodes.fire_due_faults(self.faults, self.cfg.node_id, self.attempt, [b.step for b in beats.values() if b],
                                   [int(w.id) for w in wg.workers if w.id is not None], self.layout.chaos_dir, self.emit)
-        if mono - self._peers_polled_mono < 0.5 or wg.group_world_size in (None, 1):
+        if wg.group_world_size in (None, 1):
             return []
-        self._peers_polled_mono = mono
-        return self.peers.observe(nodes.ring_successors(self._peer_nodes(), self.cfg.node_id), mono)
+        return self.peers.poll(self.attempt, self._world_size(), mono)
 
     def _lost_behind(self, codes: dict[int, int], kind: str, wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
         """Whether local ranks failed because a peer node died: their error exits (or aborts) are then an echo.
@@ -436,30 +378,15 @@ class GuardAgent(LocalElasticAgent):
         echo = kind == "exit" or all(c == -signal.SIGABRT for c in codes.values())
         if not echo or not wg.group_world_size or wg.group_world_size < 2:
             return []
-        return self.peers.settle(self._peer_nodes(), mono)
+        return self.peers.settle(self.attempt, self._world_size(), mono)
 
     def _on_node_lost(self, wg: WorkerGroup, lost: list[nodes.LostNode], wall: float) -> RunResult:
         beats = self._read_beats(wg)
         steps = [b.step for b in beats.values() if b is not None]
-        self._record_node_lost(lost, wall, min(steps) if steps else None)
+        self.recorder.record_node_lost(self.attempt, lost, wall, min(steps) if steps else None)
         self._close_attempt("failure", None)
         self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
         return RunResult(state=WorkerState.FAILED)
-
-    def _record_node_lost(self, lost: list[nodes.LostNode], wall: float, step: int | None) -> None:
-        """``FailureDetected`` (kind ``node-lost``), a ``Diagnosis``, and ``NodeExcluded`` for each lost node,
-        by the one agent that claims the failure; the lost nodes' last beats and log tails become evidence."""
-        if not self._claim_failure():
-            return
-        # The lost-node markers decide too: with c10d the store that answers the claim may have died with the node.
-        if not [n for n in lost if nodes.mark_lost(self.cfg.run_dir, n.node, f"recorded by {self.cfg.node_id} in "
-                                                   f"attempt {self.attempt}")]:
-            return
-        failure, *others = nodes.lost_records(self.layout, self.cfg.node_id, self.attempt, lost, wall, step,
-                                              self.cfg.node_lost_timeout_seconds)
-        self.failures.append(failure)
-        for record in (failure, *others):
-            self.emit(record)
 
     def record_lost_peers(self) -> list[str]:
         """After the agent lost its rendezvous (c10d's store dies with its host): record a peer that stopped
@@ -467,9 +394,9 @@ class GuardAgent(LocalElasticAgent):
         try:
             if self.attempt < 0 or (self._worker_group.group_world_size or 1) < 2:
                 return []
-            lost = self.peers.settle(self._peer_nodes(), time.monotonic())
+            lost = self.peers.settle(self.attempt, self._world_size(), time.monotonic())
             if lost:
-                self._record_node_lost(lost, time.time(), None)
+                self.recorder.record_node_lost(self.attempt, lost, time.time(), None)
             return [n.node for n in lost]
         except Exception as exc:  # the job is ending anyway: never hide why
             log.warning("could not check the peers after losing the rendezvous: %s", exc)
@@ -490,228 +417,13 @@ class GuardAgent(LocalElasticAgent):
 
         threading.Thread(target=barrier, name="trainguard-exit-barrier", daemon=True).start()
         while not done.wait(0.5):
-            lost = self.peers.observe(nodes.ring_successors(self._peer_nodes(), self.cfg.node_id), time.monotonic())
+            lost = self.peers.observe(self.attempt, self._world_size(), time.monotonic())
             if lost:
                 log.warning("not waiting at the exit barrier for lost node(s) %s", ", ".join(n.node for n in lost))
                 return None
         return None
 
-    def _live(self, wg: WorkerGroup, exclude: set[int]) -> dict[int, int]:
-        live = {}
-        for w in wg.workers:
-            if w.global_rank in exclude or w.id is None:
-                continue
-            try:
-                os.kill(int(w.id), 0)
-                live[w.global_rank] = int(w.id)
-            except (OSError, ValueError):
-                pass
-        return live
-
-    def _logs(self, wg: WorkerGroup) -> dict[int, list[Path]]:
-        return {w.global_rank: [self.layout.rank_log(self.attempt, w.global_rank),
-                                self.layout.rank_stdout(self.attempt, w.global_rank)]
-                for w in wg.workers}
-
-    def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
-        if self._early is not None:
-            codes, ev, wall, mono = self._early
-            self._early = None
-        else:
-            wall, mono = time.time(), time.monotonic()
-            codes = {r: f.exitcode for r, f in result.failures.items()}
-            ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set(codes)), self._logs(wg))
-        failed = sorted(codes)
-        culprits, kind = blame.crash_culprits(codes)
-        beats = self._read_beats(wg)
-        steps = [b.step for b in beats.values() if b is not None]
-        detail = blame.crash_detail(codes)
-        if self.watch.planned_leave(self.attempt) is not None:  # a node left for a waiting spare (restart-now)
-            self._close_attempt("planned", None)
-            self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
-            return result
-        if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
-            time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
-        lost = self._lost_behind(codes, kind, wg, mono)
-        if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
-            self._record_node_lost(lost, time.time(), min(steps) if steps else None)
-        elif self._claim_failure():
-            self._record_failure(kind, culprits, mono - self._last_alive_mono, wall, min(steps) if steps else None,
-                                 ev, detail, verdict="crash", explanation=detail,
-                                 if_unknown=blame.unexplained_crash_note(codes, culprits))
-        self._close_attempt("failure", codes[failed[0]] if failed else None)
-        self._apply_policy(beats, ev)
-        return result
-
-    # --- silent data corruption ---------------------------------------------------------------------
-
-    def _on_sdc(self, wg: WorkerGroup, marker: sdc.SdcMarker) -> RunResult:
-        """The ranks found replicas that disagree: stop them, record it; rollback and exclusion follow at
-        the restart (`_sdc_rollback`, `_sdc_exclusion`), once every node has stopped its workers."""
-        wall = time.time()
-        # The ranks wait for us: stop them before anything else so no save of corrupted state commits.
-        self._stop_local_workers(signal.SIGTERM)
-        nodes = self.layout.rank_nodes(self.attempt)
-        self._sdc_pending = (marker, nodes)
-        culprits = list(marker.culprit_ranks)
-        hosts = tuple(sorted({nodes.get(r, self.cfg.node_id) for r in culprits}))
-        plan = sdc.rollback_plan(self._committed_checkpoints(), marker.last_clean_step)
-        if plan.resume_step is not None:
-            rollback = (f"rolling back to the checkpoint of step {plan.resume_step} (newest at or before the last "
-                        f"clean step {marker.last_clean_step})")
-        elif plan.set_aside:
-            rollback = (f"no checkpoint at or before the last clean step {marker.last_clean_step}: "
-                        f"restarting from the beginning")
-        else:
-            rollback = (f"WARNING: no trainguard checkpoint to roll back to: the restart resumes from the "
-                        f"script's own checkpoint, which may be newer than the last clean step "
-                        f"{marker.last_clean_step} and still carry the corruption")
-            log.warning("sdc: %s", rollback)
-        if plan.set_aside:
-            rollback += f"; checkpoints {', '.join(str(s) for s in plan.set_aside)} set aside"
-        exclusion = self._exclusion_note(marker, nodes)
-        who = "culprit" if marker.majority else "suspects (no majority)"
-        detail = f"{marker.explanation}; {who}: ranks {', '.join(map(str, culprits))}; {rollback}; {exclusion}"
-        if self._claim_failure():
-            relative = str(sdc.marker_path(Path("."), self.attempt))
-            record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind="sdc",
-                                     ranks=tuple(culprits), hosts=hosts,
-                                     detection_latency_seconds=max(0.0, wall - marker.last_clean_time),
-                                     step=marker.step, evidence=(relative,), detail=detail)
-            self.failures.append(record)
-            self.emit(record)
-            self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
-                                category="Silent Data Corruption", group="GPU", verdict="sdc",
-                                culprit_ranks=tuple(culprits), culprit_hosts=hosts,
-                                confidence=0.9 if marker.majority else 0.5,
-                                explanation=f"parameter fingerprints after step {marker.step}: "
-                                            f"{marker.explanation}", evidence=(relative,)))
-        self._close_attempt("failure", None)
-        beats = self._read_beats(wg)
-        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
-        return RunResult(state=WorkerState.FAILED)
-
-    def _exclusion_note(self, marker: sdc.SdcMarker, nodes: dict[int, str]) -> str:
-        notes = []
-        for node in sorted({nodes.get(r, self.cfg.node_id) for r in marker.culprit_ranks}):
-            decision = sdc.exclusion_decision(marker, nodes, node, self.cfg.max_nodes)
-            notes.append(f"node {node} excluded at the restart" if decision.exclude
-                         else f"node {node} {decision.reason.partition('; ')[2]}")
-        return "; ".join(notes) or "no node to exclude"
-
-    def _committed_checkpoints(self) -> list[int]:
-        from trainguard.checkpoint.manifest import committed_steps
-
-        return committed_steps(self.cfg.checkpoint_dir)
-
-    def _sdc_rollback(self) -> None:
-        """Before the restart after corruption: move checkpoints newer than the last clean step aside
-        (``.sdc-suspect-step-N-...``, kept as evidence), so the restore resumes from a clean one."""
-        if self._sdc_pending is None:
-            return
-        marker, _ = self._sdc_pending
-        self._sdc_pending = None
-        plan = sdc.rollback_plan(self._committed_checkpoints(), marker.last_clean_step)
-        for step in plan.set_aside:
-            path = self.cfg.checkpoint_dir / f"step-{step}"
-            aside = self.cfg.checkpoint_dir / f".sdc-suspect-step-{step}-a{marker.attempt}-{os.getpid()}"
-            try:
-                os.rename(path, aside)
-            except FileNotFoundError:
-                continue  # another node sharing the folder moved it first
-            except OSError as exc:
-                log.warning("sdc: cannot set aside %s (%s); the restore may pick it", path, exc)
-                continue
-            self.emit(CheckpointRejected(time=time.time(), host=self.cfg.node_id, attempt=marker.attempt, step=step,
-                                         path=str(aside), reason=f"sdc: taken after the last clean step "
-                                         f"{marker.last_clean_step} (corruption found after step {marker.step})"))
-
-    def _wait_for_peer_dumps(self, wg: WorkerGroup, world: int) -> None:
-        if len(wg.workers) >= world:
-            return  # every rank is local: nothing else will arrive
-        deadline = time.monotonic() + DUMP_WAIT_SECONDS
-        while len(list(self.diag_dir().glob("fr_trace_rank_*.pkl"))) < world and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-    def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
-        world = wg.workers[0].world_size if wg.workers else 0
-        if len(wg.workers) < world:  # ranks wait for a node that may be stopped or cut off as a whole
-            lost = self.peers.settle(self._peer_nodes(), mono)
-            if lost:
-                return self._on_node_lost(wg, lost, time.time())
-        ev = evidence.gather(self.cfg.run_dir, self.diag_dir(), self._live(wg, set()), self._logs(wg))
-        self._wait_for_peer_dumps(wg, world)
-        dumps = evidence.read_dumps(self.diag_dir())
-        steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
-        for r, s in verdict.last_steps.items():
-            steps.setdefault(r, s)
-        found = blame.hang_culprits(blame.HangFacts(
-            world_size=world, enqueued=dumps.enqueued, unreadable=dumps.unreadable, stopped=tuple(ev.stopped),
-            unanswered=tuple(ev.unanswered), stale=verdict.stale_ranks, steps=steps))
-        culprits, explanation = list(found.culprits), found.explanation
-        verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
-        loc = evidence.localize(self.diag_dir(), self.layout.rank_nodes(self.attempt)) if dumps.enqueued else None
-        if loc is not None and found.rule in ("enqueued", "no-dump", "steps", "none") and (
-                not culprits or sorted(loc["culprit_ranks"]) == culprits):
-            verdict_name, diag_culprits = loc["verdict"], loc["culprit_ranks"]
-            diag_explanation = loc["explanation"]
-            culprits = culprits or diag_culprits
-        elif loc is not None:
-            # The supervisor's own evidence (a stopped or frozen rank, or one short of the collective the
-            # others wait in) decides; a different localization finding is kept as context.
-            diag_explanation = f"{explanation}; localization said {loc['verdict']}: {loc['explanation']}"
-        latency = mono - verdict.onset_mono
-        detail = f"{verdict.reason}; {explanation}"
-        if self._claim_failure():
-            last = min(verdict.last_steps.values()) if verdict.last_steps else None
-            self._record_failure("hang", culprits, latency, wall, last, ev, detail, verdict=verdict_name,
-                                 explanation=diag_explanation, diagnosis_ranks=diag_culprits, backend=dumps.backend)
-        self._close_attempt("failure", None)
-        self._apply_policy(self._read_beats(wg), ev)
-        if self.inprocess is not None and self.inprocess.recover(self, wg, culprits, "hang", kill=True):
-            return RunResult(state=WorkerState.HEALTHY)  # the hung ranks were killed and replaced
-        return RunResult(state=WorkerState.FAILED)
-
-    def _classify(self, ev: evidence.GatheredEvidence, ranks: list[int], verdict: str,
-                  backend: str | None) -> tuple[str, str, float, tuple[str, ...], str]:
-        """(category, group, confidence, evidence lines, note) from the culprits' log tails."""
-        note = ""
-        given: str | None = verdict
-        if verdict in _HANG_VERDICTS and backend != "nccl":
-            # classify maps a hang verdict to "NCCL Watchdog Timeouts"; without NCCL evidence (a gloo job,
-            # or no dump at all) that would be a guess presented as a finding, so only the logs decide.
-            given = None
-            note = f" (hang on {backend or 'an unknown backend'}: no NCCL evidence, category from logs only)"
-        try:
-            from trainguard.classify import classify_text
-
-            text = "".join((ev.directory / f"log_tail_rank_{r}.txt").read_text() for r in ranks
-                           if (ev.directory / f"log_tail_rank_{r}.txt").exists())
-            c = classify_text(text, f"attempt-{self.attempt}", verdict=given)
-            # The evidence lines themselves (not only file paths): the fleet database reads XID codes from them.
-            return c.category, c.group, float(c.confidence), c.evidence_strings(), note
-        except Exception as exc:  # classification must never stand in the way of recovery
-            log.warning("classification of attempt %d failed: %s", self.attempt, exc)
-            return "Unknown", "Unknown", 0.0, (), note
-
-    def _record_failure(self, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
-                        ev: evidence.GatheredEvidence, detail: str, *, verdict: str, explanation: str,
-                        diagnosis_ranks: list[int] | None = None, backend: str | None = None,
-                        if_unknown: str = "") -> None:
-        record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=self.attempt, kind=kind,
-                                 ranks=tuple(ranks), hosts=self._hosts_of(ranks),
-                                 detection_latency_seconds=max(0.0, latency), step=step,
-                                 evidence=tuple(ev.files), detail=detail)
-        self.failures.append(record)
-        self.emit(record)
-        category, group, confidence, lines, note = self._classify(ev, ranks, verdict, backend)
-        if category == "Unknown":
-            note += if_unknown  # say why nothing was found rather than only "Unknown"
-        blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
-        self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, category=category,
-                            group=group, verdict=verdict, culprit_ranks=tuple(blamed),
-                            culprit_hosts=self._hosts_of(blamed), confidence=confidence,
-                            explanation=explanation + note, evidence=(*ev.files, *lines)))
+    # --- ending an attempt --------------------------------------------------------------------------
 
     def _close_attempt(self, reason: str, exit_code: int | None) -> None:
         if not self._attempt_closed:

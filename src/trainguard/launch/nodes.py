@@ -34,6 +34,8 @@ NODE_FAULT_KINDS = ("node-crash", "agent-kill")
 LOG_TAIL_LINES = 200
 WATCHED_PEERS = 2
 """Peers each agent watches between failures (`ring_successors`); after a failure it checks them all."""
+PEER_POLL_SECONDS = 0.5
+"""How often the monitor loop reads the watched peers' beats."""
 
 
 def nodes_dir(run_dir: Path) -> Path:
@@ -182,6 +184,43 @@ class PeerWatch:
             if lost or all(self.changed_since(p, since_mono) for p in others) or now > deadline:
                 return lost
             time.sleep(poll_seconds)
+
+
+class AttemptPeers:
+    """The other nodes of the current attempt, as this agent watches them (`PeerWatch` over their beats)."""
+
+    def __init__(self, layout: RunLayout, run_dir: Path, node: str, lost_after_seconds: float) -> None:
+        self.layout = layout
+        self.node = node
+        self.watch = PeerWatch(run_dir, node, lost_after_seconds)
+        self._polled_mono = 0.0
+        self._cache: tuple[int, list[str]] | None = None
+
+    def of(self, attempt: int, world_size: int) -> list[str]:
+        """The other nodes of ``attempt`` (from the heartbeat folders: cached once every rank has one)."""
+        cached = self._cache
+        if cached is not None and cached[0] == attempt:
+            return cached[1]
+        members = attempt_nodes(self.layout, attempt)
+        peers = [n for n in members if n != self.node]
+        if world_size and sum(len(r) for r in members.values()) >= world_size:
+            self._cache = (attempt, peers)
+        return peers
+
+    def observe(self, attempt: int, world_size: int, now: float) -> list[LostNode]:
+        """The watched peers (`ring_successors`) that are lost now."""
+        return self.watch.observe(ring_successors(self.of(attempt, world_size), self.node), now)
+
+    def poll(self, attempt: int, world_size: int, now: float) -> list[LostNode]:
+        """`observe`, at most twice a second (the monitor loop calls it more often)."""
+        if now - self._polled_mono < PEER_POLL_SECONDS:
+            return []
+        self._polled_mono = now
+        return self.observe(attempt, world_size, now)
+
+    def settle(self, attempt: int, world_size: int, since_mono: float) -> list[LostNode]:
+        """`PeerWatch.settle` over every other node of ``attempt``."""
+        return self.watch.settle(self.of(attempt, world_size), since_mono)
 
 
 def ring_successors(nodes: Iterable[str], me: str, count: int = WATCHED_PEERS) -> list[str]:

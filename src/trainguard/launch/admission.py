@@ -1,0 +1,115 @@
+"""Whether this node may join the next attempt: node-level ``unhealthy`` chaos, the health checks, the
+fleet's lemon list and lost-node markers; a node that fails leaves the rendezvous and the job.
+
+Runs in `trainguard.launch.agent.GuardAgent._rendezvous`, before every (re)start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+from trainguard.chaos import Fault
+from trainguard.errors import TrainguardError
+from trainguard.eventlog import iter_events
+from trainguard.events import NODE_FAULT_RANK, AttemptEnded, Event, FaultInjected, HealthCheckResult, NodeExcluded
+from trainguard.launch import nodes
+from trainguard.launch.config import SupervisorConfig
+from trainguard.protocol import RunLayout
+from trainguard.safefs import write_private
+
+log = logging.getLogger(__name__)
+
+
+class NodeExcludedExit(RendezvousGracefulExitError):
+    """This node failed a high-severity health check (or is a lemon) and leaves the job."""
+
+
+def apply_node_chaos(faults: Iterable[Fault], cfg: SupervisorConfig, attempt: int,
+                     emit: Callable[[Event], None]) -> None:
+    """Leave the marker that makes this node's health check fail, for an ``unhealthy`` fault of ``attempt``."""
+    for f in faults:
+        if f.kind != "unhealthy" or f.node != cfg.node_id:
+            continue
+        if (f.attempt if f.attempt is not None else 0) != attempt:
+            continue
+        marker = cfg.layout.chaos_dir / f"unhealthy-{cfg.node_id}"
+        write_private(marker, f"{f.to_spec()}\n".encode())
+        emit(FaultInjected(time=time.time(), host=cfg.node_id, attempt=attempt,
+                           rank=NODE_FAULT_RANK, step=0, kind="unhealthy", params={"node": cfg.node_id}))
+
+
+def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event], None]) -> list[str]:
+    """Why this node must not join ``attempt``: failed high-severity health checks (every result is recorded),
+    a lemon flag, a lost-node marker. Empty: it may join."""
+    from trainguard.health import HealthConfig, run_checks
+
+    bad: list[str] = []
+    if cfg.health_checks:
+        results = run_checks(HealthConfig(
+            node=cfg.node_id, run_dir=cfg.run_dir, checkpoint_dir=cfg.checkpoint_dir,
+            # The store only exists once the first rendezvous ran: check it on restarts only.
+            rdzv_endpoint=cfg.rdzv_endpoint if attempt > 0 else None,
+            torch_checks=False, gpu_checks=cfg.gpu_checks,
+        ))
+        for r in results:
+            emit(HealthCheckResult(time=time.time(), host=cfg.node_id, name=r.name, severity=r.severity, ok=r.ok,
+                                   detail=r.detail, skipped=r.skipped, attempt=attempt))
+            if not r.ok and not r.skipped and r.severity == "high":
+                bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
+    bad.extend(lemon_reasons(cfg))
+    bad.extend(nodes.lost_reasons(cfg.run_dir, cfg.node_id))
+    return bad
+
+
+def lemon_reasons(cfg: SupervisorConfig) -> list[str]:
+    from trainguard.fleetdb import FleetDB, default_db_path
+    from trainguard.lemon import flagged_hosts
+
+    path = Path(cfg.fleet_db) if cfg.fleet_db else default_db_path()
+    if not path.exists():  # no fleet history yet; do not create a database as a side effect
+        return []
+    try:
+        with FleetDB(path) as db:
+            flagged = flagged_hosts(db)
+    except Exception as exc:  # a broken fleet database must not stop the job
+        log.warning("lemon check skipped: %s", exc)
+        return []
+    return [f"lemon: {cfg.node_id} flagged by fleet history"] if cfg.node_id in flagged else []
+
+
+def exclude(node: str, attempt: int, reason: str, rdzv_handler: Any, emit: Callable[[Event], None]) -> NoReturn:
+    """Record ``NodeExcluded``, leave the rendezvous and raise `NodeExcludedExit`."""
+    emit(NodeExcluded(time=time.time(), host=node, node=node, reason=reason, attempt=attempt))
+    leave_rendezvous(rdzv_handler)
+    raise NodeExcludedExit(f"node {node} excluded: {reason}")
+
+
+def leave_rendezvous(handler: Any) -> None:
+    """Leave the current rendezvous round now, so the other nodes (and a waiting spare) form the next one
+    at once instead of waiting until this node's keep-alive expires (3 x 5 s in torch's c10d handler)."""
+    try:  # torch has no public "leave" (shutdown() closes the rendezvous for every node)
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+    except Exception as exc:  # the others then drop this node when its keep-alive expires
+        log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", exc)
+
+
+def attempts_ended(layout: RunLayout) -> int:
+    """1 + the highest attempt any agent of this run dir closed (0 when none did): where a joining spare
+    continues the job's attempt numbers."""
+    top = -1
+    for path in layout.events_dir.glob("agent-*.jsonl"):
+        with contextlib.suppress(TrainguardError):  # an unreadable file tells nothing about attempts
+            for _, record in iter_events(path):
+                if isinstance(record, AttemptEnded):
+                    top = max(top, record.attempt)
+    return top + 1

@@ -1,0 +1,199 @@
+"""The agent's failure path: evidence to gather, who is to blame for a hang, the root-cause category, and
+the ``FailureDetected``/``Diagnosis`` records written by the one agent that claims a failure.
+
+`trainguard.launch.agent.GuardAgent` decides *when* a failure happened; this module says what it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import WorkerGroup
+
+from trainguard.events import Diagnosis, Event, FailureDetected
+from trainguard.launch import blame, evidence, nodes
+from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.watchdog import Verdict
+from trainguard.protocol import RunLayout
+
+log = logging.getLogger(__name__)
+
+DUMP_WAIT_SECONDS = 3.0
+"""How long the node recording a hang waits for other nodes' dumps in a shared diagnostics folder."""
+_HANG_VERDICTS = ("hang", "p2p-hang")
+
+
+def latest_checkpoint(directory: Path) -> int | None:
+    """Newest committed checkpoint step (manifest present; verification happens in the workers' restore)."""
+    from trainguard.checkpoint import latest_step
+
+    step = latest_step(directory)
+    return int(step) if step is not None else None
+
+
+# --- evidence -------------------------------------------------------------------------------------------
+
+
+def live_ranks(wg: WorkerGroup, exclude: set[int]) -> dict[int, int]:
+    """Global rank -> pid of the local workers still alive (those in ``exclude`` left out)."""
+    live = {}
+    for w in wg.workers:
+        if w.global_rank in exclude or w.id is None:
+            continue
+        try:
+            os.kill(int(w.id), 0)
+            live[w.global_rank] = int(w.id)
+        except (OSError, ValueError):
+            pass
+    return live
+
+
+def rank_logs(layout: RunLayout, attempt: int, wg: WorkerGroup) -> dict[int, list[Path]]:
+    """Global rank -> the log files of the local workers in ``attempt``."""
+    return {w.global_rank: [layout.rank_log(attempt, w.global_rank), layout.rank_stdout(attempt, w.global_rank)]
+            for w in wg.workers}
+
+
+def wait_for_peer_dumps(diag_dir: Path, local_ranks: int, world: int) -> None:
+    if local_ranks >= world:
+        return  # every rank is local: nothing else will arrive
+    deadline = time.monotonic() + DUMP_WAIT_SECONDS
+    while len(list(diag_dir.glob("fr_trace_rank_*.pkl"))) < world and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+# --- blame for a hang -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HangFinding:
+    """Who the supervisor blames for a hang, and what the diagnosis says."""
+
+    culprits: list[int]
+    """The ranks ``FailureDetected`` names."""
+    explanation: str
+    verdict: str
+    """``hang``, or localization's verdict when it agrees with the supervisor's evidence."""
+    diagnosis_ranks: list[int]
+    diagnosis_explanation: str
+    backend: str | None
+
+
+def hang_finding(ev: evidence.GatheredEvidence, verdict: Verdict, world: int, layout: RunLayout,
+                 attempt: int) -> HangFinding:
+    """Blame from the dumps in ``ev.directory``, the ranks' replies and the watchdog's verdict."""
+    dumps = evidence.read_dumps(ev.directory)
+    steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
+    for r, s in verdict.last_steps.items():
+        steps.setdefault(r, s)
+    found = blame.hang_culprits(blame.HangFacts(
+        world_size=world, enqueued=dumps.enqueued, unreadable=dumps.unreadable, stopped=tuple(ev.stopped),
+        unanswered=tuple(ev.unanswered), stale=verdict.stale_ranks, steps=steps))
+    culprits, explanation = list(found.culprits), found.explanation
+    verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
+    loc = evidence.localize(ev.directory, layout.rank_nodes(attempt)) if dumps.enqueued else None
+    if loc is not None and found.rule in ("enqueued", "no-dump", "steps", "none") and (
+            not culprits or sorted(loc["culprit_ranks"]) == culprits):
+        verdict_name, diag_culprits = loc["verdict"], loc["culprit_ranks"]
+        diag_explanation = loc["explanation"]
+        culprits = culprits or diag_culprits
+    elif loc is not None:
+        # The supervisor's own evidence (a stopped or frozen rank, or one short of the collective the
+        # others wait in) decides; a different localization finding is kept as context.
+        diag_explanation = f"{explanation}; localization said {loc['verdict']}: {loc['explanation']}"
+    return HangFinding(culprits, explanation, verdict_name, diag_culprits, diag_explanation, dumps.backend)
+
+
+# --- classification and records -------------------------------------------------------------------------
+
+
+def classify(ev: evidence.GatheredEvidence, ranks: list[int], verdict: str, backend: str | None,
+             attempt: int) -> tuple[str, str, float, tuple[str, ...], str]:
+    """(category, group, confidence, evidence lines, note) from the culprits' log tails."""
+    note = ""
+    given: str | None = verdict
+    if verdict in _HANG_VERDICTS and backend != "nccl":
+        # classify maps a hang verdict to "NCCL Watchdog Timeouts"; without NCCL evidence (a gloo job,
+        # or no dump at all) that would be a guess presented as a finding, so only the logs decide.
+        given = None
+        note = f" (hang on {backend or 'an unknown backend'}: no NCCL evidence, category from logs only)"
+    try:
+        from trainguard.classify import classify_text
+
+        text = "".join((ev.directory / f"log_tail_rank_{r}.txt").read_text() for r in ranks
+                       if (ev.directory / f"log_tail_rank_{r}.txt").exists())
+        c = classify_text(text, f"attempt-{attempt}", verdict=given)
+        # The evidence lines themselves (not only file paths): the fleet database reads XID codes from them.
+        return c.category, c.group, float(c.confidence), c.evidence_strings(), note
+    except Exception as exc:  # classification must never stand in the way of recovery
+        log.warning("classification of attempt %d failed: %s", attempt, exc)
+        return "Unknown", "Unknown", 0.0, (), note
+
+
+class FailureRecorder:
+    """Writes this node's failure records, and keeps the ``FailureDetected`` ones for the run's result."""
+
+    def __init__(self, cfg: SupervisorConfig, emit: Callable[[Event], None], store: Callable[[], Any]) -> None:
+        self.cfg = cfg
+        self.emit = emit
+        self.store = store
+        """The rendezvous store (None before the first rendezvous): where nodes claim a failure."""
+        self.failures: list[FailureDetected] = []
+
+    def hosts_of(self, attempt: int, ranks: list[int]) -> tuple[str, ...]:
+        where = self.cfg.layout.rank_nodes(attempt)
+        return tuple(sorted({where.get(r, self.cfg.node_id) for r in ranks}))
+
+    def claim(self, attempt: int) -> bool:
+        """Only one node records a failure that several nodes see."""
+        store = self.store()
+        if store is None:
+            return True
+        try:
+            key = f"trainguard/{self.cfg.run_id}/failure/{attempt}"
+            return int(store.add(key, 1)) == 1  # add, not compare_set: etcd's store has only add
+        except Exception:
+            return True
+
+    def add(self, failure: FailureDetected, *others: Event) -> None:
+        """Keep ``failure`` and write it and the records that go with it."""
+        self.failures.append(failure)
+        for record in (failure, *others):
+            self.emit(record)
+
+    def record(self, attempt: int, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
+               ev: evidence.GatheredEvidence, detail: str, *, verdict: str, explanation: str,
+               diagnosis_ranks: list[int] | None = None, backend: str | None = None, if_unknown: str = "") -> None:
+        """``FailureDetected`` and a classified ``Diagnosis`` of a crash or hang (the caller claimed it)."""
+        record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=attempt, kind=kind,
+                                 ranks=tuple(ranks), hosts=self.hosts_of(attempt, ranks),
+                                 detection_latency_seconds=max(0.0, latency), step=step,
+                                 evidence=tuple(ev.files), detail=detail)
+        self.add(record)
+        category, group, confidence, lines, note = classify(ev, ranks, verdict, backend, attempt)
+        if category == "Unknown":
+            note += if_unknown  # say why nothing was found rather than only "Unknown"
+        blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
+        self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=attempt, category=category,
+                            group=group, verdict=verdict, culprit_ranks=tuple(blamed),
+                            culprit_hosts=self.hosts_of(attempt, blamed), confidence=confidence,
+                            explanation=explanation + note, evidence=(*ev.files, *lines)))
+
+    def record_node_lost(self, attempt: int, lost: list[nodes.LostNode], wall: float, step: int | None) -> None:
+        """``FailureDetected`` (kind ``node-lost``), a ``Diagnosis``, and ``NodeExcluded`` for each lost node,
+        by the one agent that claims the failure; the lost nodes' last beats and log tails become evidence."""
+        if not self.claim(attempt):
+            return
+        # The lost-node markers decide too: with c10d the store that answers the claim may have died with the node.
+        if not [n for n in lost if nodes.mark_lost(self.cfg.run_dir, n.node, f"recorded by {self.cfg.node_id} in "
+                                                   f"attempt {attempt}")]:
+            return
+        failure, *others = nodes.lost_records(self.cfg.layout, self.cfg.node_id, attempt, lost, wall, step,
+                                              self.cfg.node_lost_timeout_seconds)
+        self.add(failure, *others)
