@@ -150,3 +150,13 @@ def test_fast_leads_equal_the_definition(own: dict[int, float]) -> None:
     fast = _leads(own)
     for r in own:
         assert fast[r] == pytest.approx(_lead(own, r), abs=1e-9)
+
+
+def test_a_rank_hardly_behind_the_next_slowest_is_not_named() -> None:
+    # Ranks 1 and 2 both slow (1.20x, 1.17x): rank 1 is late against the others' median every step, but the job
+    # without it would be only ~3% faster (rank 2 then holds it back), below min_slowdown.
+    recs, _, _ = synth(ranks=3, slow={1: 1.20, 2: 1.17}, onset=1, noise=0.005)
+    assert analyze(recs).stragglers == []
+    # One clearly slow rank among them still is.
+    recs, _, _ = synth(ranks=3, slow={1: 1.30}, onset=1, noise=0.005)
+    assert [s.rank for s in analyze(recs).stragglers] == [1]
