@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -73,12 +72,6 @@ def kill_workers_of(run_dir: Path) -> None:
         with contextlib.suppress(psutil.Error):
             if proc.pid != os.getpid() and proc.environ().get("TRAINGUARD_RUN_DIR") == wanted:
                 os.kill(proc.pid, signal.SIGKILL)
-
-
-def store_up(endpoint: str) -> bool:
-    host, port = endpoint.rsplit(":", 1)
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) == 0
 
 
 def started(run_dir: Path, node: str) -> bool:

@@ -34,6 +34,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def store_up(endpoint: str) -> bool:
+    """Whether something listens on ``host:port`` (the rendezvous store an agent hosts)."""
+    host, port = endpoint.rsplit(":", 1)
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) == 0
+
+
+def wait_for_store(endpoint: str, first: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Wait until the first agent opened the rendezvous store (the store lives in the agent on the endpoint host)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and first.poll() is None:
+        if store_up(endpoint):
+            return
+        time.sleep(0.2)
+    raise AssertionError("node0's agent never opened the rendezvous store")
+
+
+def json_result(log: Path) -> dict[str, Any]:
+    """The ``--json`` document a ``trainguard run`` printed at the end of its combined output."""
+    text = log.read_text()
+    return dict(json.loads(text[text.index("{\n"):]))
+
+
 def events(run_dir: Path, prefix: str = "") -> list[dict[str, Any]]:
     """All records of the event files whose name starts with ``prefix``."""
     out: list[dict[str, Any]] = []

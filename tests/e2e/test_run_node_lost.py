@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e._nodes import FAST_RDZV, agents, started, store_up
-from tests.e2e._run_helpers import events, free_port, of_type, process_gone
+from tests.e2e._nodes import FAST_RDZV, agents, started
+from tests.e2e._run_helpers import events, free_port, of_type, process_gone, store_up
 
 STEPS = 12
 LOST_TIMEOUT = 4.0

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e._nodes import agents, assert_every_node_counted_once, store_up
-from tests.e2e._run_helpers import TRAIN_GPT, events, free_port, of_type
+from tests.e2e._nodes import agents, assert_every_node_counted_once
+from tests.e2e._run_helpers import TRAIN_GPT, events, free_port, of_type, store_up
 
 STEPS = 8
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import time
 from datetime import timedelta
@@ -16,7 +14,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, free_port, of_type, start_trainguard
+from tests.e2e._run_helpers import (
+    TINY,
+    TRAIN_GPT,
+    events,
+    free_port,
+    json_result,
+    of_type,
+    start_trainguard,
+    store_up,
+)
 
 STEPS = 6
 
@@ -30,12 +37,6 @@ def _wait(what: str, cond: Any, procs: dict[str, subprocess.Popen[bytes]], timeo
         assert not dead, f"agents exited while waiting for {what}: {dead}"
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def _store_up(endpoint: str) -> bool:
-    host, port = endpoint.rsplit(":", 1)
-    with socket.socket() as s:
-        return s.connect_ex((host, int(port))) == 0
 
 
 def _nodes_waiting(endpoint: str, run_id: str) -> int:
@@ -56,11 +57,6 @@ def _nodes_waiting(endpoint: str, run_id: str) -> int:
 
 def _agent_records(run_dir: Path, node: str) -> list[dict[str, Any]]:
     return events(run_dir, f"agent-{node}")
-
-
-def _result(log: Path) -> dict[str, Any]:
-    text = log.read_text()
-    return dict(json.loads(text[text.index("{\n"):]))
 
 
 def _kill_worker_of_rank(run_dir: Path, rank: int, procs: dict[str, subprocess.Popen[bytes]]) -> str:
@@ -95,7 +91,7 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
 
     try:
         start("node0")
-        _wait("node0's rendezvous store", lambda: _store_up(endpoint), procs)
+        _wait("node0's rendezvous store", lambda: store_up(endpoint), procs)
         start("node1")
         # The first round is node0 + node1 (the maximum): the job runs until rank 0 parks at step 3.
         _wait("rank 0 to reach the hang", lambda: any((run_dir / "chaos").glob("fired-*")), procs)
@@ -117,7 +113,7 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
     # The excluded node: one NodeExcluded at the restart, exit code 5, status "excluded".
     excluded = of_type(records, "node_excluded")
     assert [(e["node"], e["attempt"]) for e in excluded] == [("node1", 1)]
-    assert _result(tmp_path / "node1.log")["status"] == "excluded"
+    assert json_result(tmp_path / "node1.log")["status"] == "excluded"
     # The spare took part in a later attempt: it started workers and its rank completed steps there.
     spare_started = [a for a in of_type(records, "attempt_started") if a["host"] == "node2"]
     assert spare_started and all(a["attempt"] >= 1 for a in spare_started)
@@ -132,7 +128,7 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
     ended = of_type(records, "run_ended")
     assert [(e["status"], e["completed_steps"]) for e in ended] == [("completed", STEPS)]
     for node in ("node0", "node2"):
-        out = _result(tmp_path / f"{node}.log")
+        out = json_result(tmp_path / f"{node}.log")
         assert (out["status"], out["completed_steps"]) == ("completed", STEPS), out
         assert "Traceback" not in logs[node], logs[node][-3000:]
     steps = {(s["rank"], s["step"]) for s in of_type(records, "step_completed")}

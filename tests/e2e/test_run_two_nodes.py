@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, free_port, of_type, start_trainguard
+from tests.e2e._run_helpers import (
+    TINY,
+    TRAIN_GPT,
+    events,
+    free_port,
+    json_result,
+    of_type,
+    start_trainguard,
+    wait_for_store,
+)
 
 
 def _two_agents(tmp_path: Path, nnodes: str, inject: str, steps: int, *extra: str) -> dict[str, int]:
@@ -19,7 +24,7 @@ def _two_agents(tmp_path: Path, nnodes: str, inject: str, steps: int, *extra: st
     procs = {}
     for node in ("node0", "node1"):
         if node == "node1":
-            _wait_for_store(endpoint, procs["node0"])
+            wait_for_store(endpoint, procs["node0"])
         procs[node] = start_trainguard(
             "run", "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-endpoint", endpoint,
             "--rdzv-id", "twonodes", "--node-id", node, "--run-dir", str(run_dir), "--json",
@@ -28,23 +33,6 @@ def _two_agents(tmp_path: Path, nnodes: str, inject: str, steps: int, *extra: st
         )
     codes = {node: p.wait(timeout=150) for node, p in procs.items()}
     return codes
-
-
-def _wait_for_store(endpoint: str, first: subprocess.Popen[bytes]) -> None:
-    """node0 hosts the rendezvous store (the store lives in the agent on the endpoint host)."""
-    host, port = endpoint.rsplit(":", 1)
-    deadline = time.time() + 60
-    while time.time() < deadline and first.poll() is None:
-        with socket.socket() as s:
-            if s.connect_ex((host, int(port))) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError("node0's agent never opened the rendezvous store")
-
-
-def _result(tmp_path: Path, node: str) -> dict:
-    text = (tmp_path / f"{node}.log").read_text()
-    return json.loads(text[text.index("{\n"):])
 
 
 @pytest.mark.slow
@@ -63,7 +51,7 @@ def test_two_agents_survive_a_crash_on_either_node(tmp_path: Path, crash_rank: i
     assert [(f["kind"], f["ranks"], f["host"], f["hosts"]) for f in failures] == [
         ("crash", [crash_rank], rank_hosts[crash_rank], [rank_hosts[crash_rank]])]
     for node in codes:
-        assert _result(tmp_path, node)["completed_steps"] == 8
+        assert json_result(tmp_path / f"{node}.log")["completed_steps"] == 8
     ended = of_type(records, "run_ended")
     assert len(ended) == 1 and ended[0]["status"] == "completed"
     steps = {(s["rank"], s["step"]) for s in of_type(records, "step_completed")}
@@ -79,7 +67,7 @@ def test_an_unhealthy_node_is_excluded_before_the_restart_and_the_job_finishes_w
                         "--rdzv-last-call", "8")
     logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in codes}
     assert codes == {"node0": 0, "node1": 5}, logs
-    assert _result(tmp_path, "node1")["status"] == "excluded"
+    assert json_result(tmp_path / "node1.log")["status"] == "excluded"
     records = events(tmp_path / "run")
     excluded = of_type(records, "node_excluded")
     assert [(e["node"], e["attempt"]) for e in excluded] == [("node1", 1)]
@@ -88,6 +76,6 @@ def test_an_unhealthy_node_is_excluded_before_the_restart_and_the_job_finishes_w
     started = [a for a in of_type(records, "attempt_started") if a["host"] == "node0"]
     assert [(a["attempt"], a["world_size"]) for a in started] == [(0, 4), (1, 2)]
     assert not [a for a in of_type(records, "attempt_started") if a["host"] == "node1" and a["attempt"] == 1]
-    assert _result(tmp_path, "node0")["completed_steps"] == 10
+    assert json_result(tmp_path / "node0.log")["completed_steps"] == 10
     last = [s for s in of_type(records, "step_completed") if s["attempt"] == 1]
     assert {s["rank"] for s in last} == {0, 1} and max(s["step"] for s in last) == 10

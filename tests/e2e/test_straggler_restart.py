@@ -3,36 +3,25 @@ leaves at once and the spare takes its place. Also the argument errors of the st
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.e2e._run_helpers import ROOT, events, free_port, of_type, start_trainguard, trainguard
+from tests.e2e._run_helpers import (
+    ROOT,
+    events,
+    free_port,
+    json_result,
+    of_type,
+    start_trainguard,
+    trainguard,
+    wait_for_store,
+)
 
 PLAIN_DDP = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 STEPS = 160
 SLOW_STEP = 40
-
-
-def _wait_for_store(endpoint: str, first: subprocess.Popen[bytes]) -> None:
-    host, port = endpoint.rsplit(":", 1)
-    deadline = time.time() + 60
-    while time.time() < deadline and first.poll() is None:
-        with socket.socket() as s:
-            if s.connect_ex((host, int(port))) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError("node0's agent never opened the rendezvous store")
-
-
-def _result(log: Path) -> dict[str, Any]:
-    text = log.read_text()
-    return dict(json.loads(text[text.index("{\n"):]))
 
 
 @pytest.mark.slow
@@ -57,7 +46,7 @@ def test_restart_now_replaces_the_slow_node_by_the_waiting_spare(tmp_path: Path)
 
     try:
         start("node0")
-        _wait_for_store(endpoint, procs["node0"])
+        wait_for_store(endpoint, procs["node0"])
         start("node1")
         start("node2")
         codes = {node: p.wait(timeout=240) for node, p in procs.items()}
@@ -90,7 +79,7 @@ def test_restart_now_replaces_the_slow_node_by_the_waiting_spare(tmp_path: Path)
     excluded = of_type(records, "node_excluded")
     assert [(e["node"], e["attempt"]) for e in excluded] == [(slow_node, 1)]
     assert excluded[0]["reason"].startswith("straggler: rank 1")
-    assert codes[slow_node] == 5 and _result(tmp_path / f"{slow_node}.log")["status"] == "excluded", logs
+    assert codes[slow_node] == 5 and json_result(tmp_path / f"{slow_node}.log")["status"] == "excluded", logs
     # The spare ran the rest of the job with the remaining node, and the job completed every step.
     others = {n for n in procs if n != slow_node}
     assert {n: codes[n] for n in others} == dict.fromkeys(others, 0), logs
