@@ -78,20 +78,13 @@ class HashedFile:
             raise CheckpointError(f"file {self.name} checksum {digest} != manifest {self.entry.checksum} (corrupt)")
 
 
-class ItemStream(io.RawIOBase):
-    """The bytes ``[offset, offset + length)`` of a `HashedFile` as a seekable file (see module doc).
+class SeekableReader(io.RawIOBase):
+    """A read-only, seekable raw file of ``size`` bytes; subclasses provide ``readinto`` from ``self._pos``."""
 
-    Call `close_item` after ``torch.load``: it hashes what the load did not read.
-    """
-
-    def __init__(self, file: HashedFile, offset: int, length: int) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._file = file
-        self._offset = offset
-        self._length = length
+        self._size = size
         self._pos = 0
-        self._kept: list[tuple[int, bytes]] = []
-        """(file offset, bytes) read ahead of the checksum or small enough to be read again."""
 
     def readable(self) -> bool:
         return True
@@ -103,13 +96,27 @@ class ItemStream(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(base + offset, 0)
         return self._pos
 
+
+class ItemStream(SeekableReader):
+    """The bytes ``[offset, offset + length)`` of a `HashedFile` as a seekable file (see module doc).
+
+    Call `close_item` after ``torch.load``: it hashes what the load did not read.
+    """
+
+    def __init__(self, file: HashedFile, offset: int, length: int) -> None:
+        super().__init__(length)
+        self._file = file
+        self._offset = offset
+        self._kept: list[tuple[int, bytes]] = []
+        """(file offset, bytes) read ahead of the checksum or small enough to be read again."""
+
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")
-        n = max(min(out.nbytes, self._length - self._pos), 0)
+        n = max(min(out.nbytes, self._size - self._pos), 0)
         if not n:
             return 0
         at, target, file = self._offset + self._pos, out[:n], self._file
@@ -157,4 +164,4 @@ class ItemStream(io.RawIOBase):
 
     def close_item(self) -> None:
         """Hash the rest of the item (what the load did not read, or all of it after a failed load)."""
-        self._advance(self._offset + self._length)
+        self._advance(self._offset + self._size)

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from trainguard.checkpoint.errors import CheckpointError
-from trainguard.checkpoint.hashedfile import HashedFile, ItemStream
+from trainguard.checkpoint.hashedfile import HashedFile, ItemStream, SeekableReader
 from trainguard.checkpoint.manifest import DCP_METADATA, MAX_MANIFEST_BYTES, FileEntry, Manifest
 from trainguard.checkpoint.safefs import open_checkpoint_dir, open_regular
 
@@ -53,27 +53,12 @@ def _covers(item: ReadItem, tensor: torch.Tensor, target: torch.Tensor) -> bool:
     )
 
 
-class _ViewFile(io.RawIOBase):
+class _ViewFile(SeekableReader):
     """A read-only, seekable file over bytes already in memory (``torch.load`` reads its data with readinto)."""
 
     def __init__(self, view: memoryview) -> None:
-        super().__init__()
+        super().__init__(view.nbytes)
         self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
-        self._pos = max(base + offset, 0)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")
