@@ -14,6 +14,7 @@ EXIT_USAGE = 2  # bad command-line arguments
 EXIT_INPUT = 3  # missing, unreadable, corrupt or too-new input files
 EXIT_STORAGE = 4  # cannot write results: full disk, permission denied, read-only file system
 EXIT_EXCLUDED = 5  # `run`: this node was excluded (health check, lemon list); the job may go on elsewhere
+EXIT_UNSUPPORTED = 6  # `run`, `demo`: the installed torch lacks what the verb cannot do without
 EXIT_INTERRUPTED = 130  # Ctrl-C
 EXIT_INTERNAL = 70  # a bug in trainguard (the message says how to get the traceback)
 
@@ -60,3 +61,7 @@ class StorageError(TrainguardError):
 
 class CheckpointError(TrainguardError):
     """A checkpoint could not be saved, committed, verified or restored (the message says why)."""
+
+
+class UnsupportedTorchError(TrainguardError):
+    """The installed torch lacks a part the verb cannot work without (docs/compatibility.md)."""

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from trainguard.checkpoint.checksum import available
 from trainguard.checkpoint.errors import CheckpointError
@@ -38,6 +37,7 @@ from trainguard.checkpoint.reader import VerifyingReader
 from trainguard.checkpoint.saving import describe_error
 from trainguard.checkpoint.structure import RANK_LOCAL_KEY, RANK_LOCAL_STORED, assign, describe, tensor_bytes
 from trainguard.events import CheckpointLoaded, CheckpointRejected, Event
+from trainguard.torch_api.dcp import flatten_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -105,7 +105,7 @@ class _ChecksumStream(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._fh.close()
-            self._owner._record(self._path.name, self._size, self._hasher.hexdigest())
+            self._owner.record_file(self._path.name, self._size, self._hasher.hexdigest())
         super().close()
 
 
@@ -130,7 +130,7 @@ class _ChecksumFS(FileSystem):
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
-        self._owner._renamed(Path(path).name, Path(new_path).name)
+        self._owner.renamed_file(Path(path).name, Path(new_path).name)
 
 
 class ChecksumWriter(FileSystemWriter):
@@ -152,11 +152,11 @@ class ChecksumWriter(FileSystemWriter):
         self.files: dict[str, tuple[int, str]] = {}
         self._files_lock = threading.Lock()
 
-    def _record(self, name: str, size: int, digest: str) -> None:
+    def record_file(self, name: str, size: int, digest: str) -> None:
         with self._files_lock:
             self.files[name] = (size, digest)
 
-    def _renamed(self, old: str, new: str) -> None:
+    def renamed_file(self, old: str, new: str) -> None:
         with self._files_lock:
             if old in self.files:
                 self.files[new] = self.files.pop(old)

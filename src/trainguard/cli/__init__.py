@@ -23,11 +23,13 @@ from trainguard.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_STORAGE,
+    EXIT_UNSUPPORTED,
     EXIT_USAGE,
     CheckpointError,
     InputError,
     StorageError,
     TrainguardError,
+    UnsupportedTorchError,
     UsageError,
 )
 
@@ -79,6 +81,7 @@ _EXIT_CODES: tuple[tuple[type[TrainguardError], int], ...] = (
     (InputError, EXIT_INPUT),
     (StorageError, EXIT_STORAGE),
     (CheckpointError, EXIT_STORAGE),
+    (UnsupportedTorchError, EXIT_UNSUPPORTED),
 )
 
 

@@ -94,13 +94,9 @@ def exclude(node: str, attempt: int, reason: str, rdzv_handler: Any, emit: Calla
 def leave_rendezvous(handler: Any) -> None:
     """Leave the current rendezvous round now, so the other nodes (and a waiting spare) form the next one
     at once instead of waiting until this node's keep-alive expires (3 x 5 s in torch's c10d handler)."""
-    try:  # torch has no public "leave" (shutdown() closes the rendezvous for every node)
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+    from trainguard.torch_api import rendezvous
 
-        handler._stop_heartbeats()
-        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
-    except Exception as exc:  # the others then drop this node when its keep-alive expires
-        log.warning("could not leave the rendezvous (%s); peers wait for its keep-alive to expire", exc)
+    rendezvous.leave(handler)  # warns itself when it cannot: the others then wait for the keep-alive
 
 
 def attempts_ended(layout: RunLayout) -> int:

@@ -1,20 +1,22 @@
-"""The node agent: torch.distributed.elastic's LocalElasticAgent plus trainguard's watch, evidence and policy.
+"""The node agent: torch.distributed.elastic's agent plus trainguard's watch, evidence and policy.
 
-A thin adapter: the elastic agent keeps doing what it does well (c10d rendezvous across nodes, starting and
-restarting the local workers, the restart budget); the decisions live in pure modules (`watchdog`: is the
-job hung, `blame`: who caused it, `policy`: restart or stop, `stop`: how workers end) and the work in helper
-modules (`admission`: may this node join, `failures`: evidence, classification and the failure records,
-`corruption`: silent data corruption, `nodes`: lost peers, `inprocess`: in-process restarts). Hooks:
+A thin adapter over `trainguard.torch_api.elastic.ElasticAgentBase` (torch's LocalElasticAgent with its
+private hooks as named methods): the elastic agent keeps doing what it does well (c10d rendezvous across
+nodes, starting and restarting the local workers); the decisions live in pure modules (`watchdog`: is the
+job hung, `blame`: who caused it, `policy`: restart or stop, `budget`: restarts left, `stop`: how workers
+end) and the work in helper modules (`admission`: may this node join, `failures`: evidence, classification
+and the failure records, `corruption`: silent data corruption, `nodes`: lost peers, `inprocess`: in-process
+restarts). Hooks:
 
-* ``_rendezvous``: before every (re)start, applies node-level chaos, runs health checks and leaves the job
+* `on_rendezvous`: before every (re)start, applies node-level chaos, runs health checks and leaves the job
   (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon (`admission`);
-* ``_start_workers``: the worker environment (`trainguard.protocol.WorkerEnv`) and ``AttemptStarted``;
-* ``_monitor_workers``: sees crashes (a process exited) and hangs (`Watchdog` over the heartbeats), and on
-  either gathers evidence from every live rank *before* returning the failure, since the base agent
-  SIGTERMs the workers as soon as it sees one;
-* ``_restart_workers``: closes the attempt's records when a peer node forced the restart;
-* ``_shutdown`` (behind ``_stop_workers`` on restarts and at the end): SIGCONT, SIGTERM, our short grace,
-  SIGKILL (`trainguard.launch.stop`) instead of torch's 30 s wait.
+* `on_start_workers`: the worker environment (`trainguard.protocol.WorkerEnv`) and ``AttemptStarted``;
+* `on_monitor`: sees crashes (a process exited) and hangs (`Watchdog` over the heartbeats), and on either
+  gathers evidence from every live rank *before* returning the failure, since the base agent SIGTERMs the
+  workers as soon as it sees one;
+* `on_restart_workers`: charges the budget and closes the attempt's records when a peer node forced it;
+* `on_shutdown` (on restarts and at the end): SIGCONT, SIGTERM, our short grace, SIGKILL
+  (`trainguard.launch.stop`) instead of torch's 30 s wait.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from trainguard import chaos, sdc
 from trainguard.eventlog import EventWriter
 from trainguard.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
 from trainguard.launch import admission, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
+from trainguard.launch.budget import RestartBudget
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.corruption import CorruptionResponse
 from trainguard.launch.failures import (
@@ -53,6 +55,8 @@ from trainguard.launch.stop import stop_processes
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.safefs import make_dirs
+from trainguard.torch_api.elastic import ElasticAgentBase
+from trainguard.torch_api.features import probe
 
 __all__ = ["GuardAgent", "NodeExcludedExit", "latest_checkpoint"]
 
@@ -68,7 +72,7 @@ def _auto_instrument_path() -> str | None:
     return str(site_dir())
 
 
-class GuardAgent(LocalElasticAgent):
+class GuardAgent(ElasticAgentBase):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
     def __init__(self, spec: Any, cfg: SupervisorConfig) -> None:
@@ -77,14 +81,16 @@ class GuardAgent(LocalElasticAgent):
         self.attempt = -1
         super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
                          shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
-                         log_line_prefix_template=getattr(cfg, "log_line_prefix", None))
+                         log_line_prefix=getattr(cfg, "log_line_prefix", None))
+        self.budget = RestartBudget(cfg.max_restarts)
+        """Restarts left (`trainguard.launch.budget`); torch's own counter is set from it."""
         self.events = EventWriter(self.layout.agent_events(cfg.node_id))
         from trainguard.stragglers.handover import StoreHandover
         from trainguard.stragglers.watch import AgentWatch, WatchSettings  # telemetry and the straggler policy
 
         settings = WatchSettings.resolve(cfg.straggler_policy, cfg.straggler_probe_seconds, cfg.telemetry_seconds)
         self.watch = AgentWatch(self.layout, cfg.node_id, self.emit, settings,
-                                handover=StoreHandover(lambda: getattr(self, "_store", None), cfg.run_id,
+                                handover=StoreHandover(self.rendezvous_store, cfg.run_id,
                                                        spec.rdzv_handler))
         self.watchdog = Watchdog(cfg.watchdog)
         self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
@@ -92,9 +98,8 @@ class GuardAgent(LocalElasticAgent):
         self.start_time = time.time()
         self.leader = False
         self.run_started_written = False
-        self.stop_reason: str | None = None
         self.excluded_reason: str | None = None
-        self.recorder = FailureRecorder(cfg, self.emit, lambda: getattr(self, "_store", None))
+        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store)
         self.failures = self.recorder.failures
         """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
         self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
@@ -116,6 +121,17 @@ class GuardAgent(LocalElasticAgent):
 
     # --- helpers --------------------------------------------------------------------------------
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why restarts stopped before the budget was spent (the no-progress rule, torch), or None."""
+        return self.budget.stop_reason
+
+    def restarts_left(self) -> int:
+        return self.budget.remaining()
+
+    def on_torch_stopped_restarts(self) -> None:
+        self.budget.stop("torch disabled restarts (a worker stuck in uninterruptible sleep)")
+
     def emit(self, record: Event) -> None:
         self.events.write(record)
 
@@ -131,8 +147,8 @@ class GuardAgent(LocalElasticAgent):
                                                                          w.global_rank))
                 for w in wg.workers}
 
-    def _world_size(self) -> int:
-        workers = self._worker_group.workers
+    def _job_world_size(self) -> int:
+        workers = self.get_worker_group().workers
         return workers[0].world_size if workers else 0
 
     def _gather(self, wg: WorkerGroup, exclude: set[int]) -> evidence.GatheredEvidence:
@@ -149,14 +165,14 @@ class GuardAgent(LocalElasticAgent):
         if bad:
             self.excluded_reason = "; ".join(bad)
             admission.exclude(self.cfg.node_id, self.attempt, self.excluded_reason,
-                              self._worker_group.spec.rdzv_handler, self.emit)
+                              self.get_worker_group().spec.rdzv_handler, self.emit)
 
-    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+    def on_rendezvous(self, worker_group: WorkerGroup) -> None:
         self.attempt += 1
         admission.apply_node_chaos(self.faults, self.cfg, self.attempt, self.emit)
         self._health_gate()
         first = self.attempt == 0
-        super()._rendezvous(worker_group)
+        self.torch_rendezvous(worker_group)
         if first:  # a spare joining a running job continues the job's attempt numbers
             self.attempt = max(self.attempt, admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
@@ -169,11 +185,12 @@ class GuardAgent(LocalElasticAgent):
             # Readers of the run (reports, the lead's console) must know whether hangs can be detected at all:
             # without automatic instrumentation only scripts calling trainguard.attach() send progress.
             config["progress_signals_expected"] = self.cfg.auto_instrument
+            config["torch"] = probe().to_json()  # what this torch offers (docs/compatibility.md)
             self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
                                  world_size=ws, nnodes=worker_group.group_world_size or 1,
                                  target_steps=self.cfg.target_steps, config=config))
 
-    def _worker_environ(self) -> dict[str, str]:
+    def worker_environ(self) -> dict[str, str]:
         env = WorkerEnv(
             run_dir=self.cfg.run_dir, attempt=self.attempt, node=self.cfg.node_id,
             heartbeat_dir=self.hb_dir(), evidence_dir=self.diag_dir(), agent_pid=os.getpid(),
@@ -194,18 +211,18 @@ class GuardAgent(LocalElasticAgent):
         env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+    def on_start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         # The base agent starts workers with a copy of this process's environment plus its own variables.
-        os.environ.update(self._worker_environ())
+        os.environ.update(self.worker_environ())
         if not os.environ["PYTHONPATH"]:
             del os.environ["PYTHONPATH"]
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.corruption.rollback()
-        self._open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
-        return super()._start_workers(worker_group)
+        self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
+        return self.torch_start_workers(worker_group)
 
-    def _open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None:
+    def open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None:
         """Folders, watchdog and ``AttemptStarted`` of ``self.attempt`` (a launch or an in-process restart)."""
         make_dirs(self.diag_dir())
         mono = time.monotonic()
@@ -227,10 +244,10 @@ class GuardAgent(LocalElasticAgent):
         The base agent's poll SIGTERMs every other worker the moment it sees one fail, so the
         evidence of the survivors has to be gathered first.
         """
-        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        procs = self._procs()
         failed = {}
-        for local_rank, h in handlers.items():
-            code = h.proc.poll()
+        for local_rank, proc in procs.items():
+            code = proc.poll()
             if code not in (None, 0):
                 failed[wg.workers[local_rank].global_rank] = int(code)
         return failed
@@ -242,10 +259,14 @@ class GuardAgent(LocalElasticAgent):
         while a slower peer still tears down is not a hang. (A peer left waiting in a collective for a finished
         rank is still found: it is a waiting rank.)
         """
-        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
-        return {wg.workers[local_rank].global_rank for local_rank, h in handlers.items() if h.proc.poll() == 0}
+        return {wg.workers[local_rank].global_rank for local_rank, p in self._procs().items() if p.poll() == 0}
 
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+    def _procs(self) -> dict[int, Any]:
+        """Local rank -> worker process (empty before the first start)."""
+        workers = self.worker_processes()
+        return workers.procs() if workers is not None else {}
+
+    def on_monitor(self, worker_group: WorkerGroup) -> RunResult:
         marker = self.corruption.found(self.attempt)
         if marker is not None:
             return self._on_sdc(worker_group, marker)
@@ -259,8 +280,8 @@ class GuardAgent(LocalElasticAgent):
             # The base poll below would close the survivors with torch's 30 s SIGTERM wait (and never resume
             # a stopped one): end them our way first, now that their evidence is in. A worker failing between
             # our poll and the base's (microseconds) still gets torch's close.
-            self._stop_local_workers(signal.SIGTERM)
-        result = super()._monitor_workers(worker_group)
+            self.stop_local_workers(signal.SIGTERM)
+        result = self.torch_monitor(worker_group)
         if result.state == WorkerState.HEALTHY:
             fell_back = self.inprocess.poll(self, worker_group) if self.inprocess is not None else None
             if fell_back is not None:
@@ -280,7 +301,7 @@ class GuardAgent(LocalElasticAgent):
         if result.state == WorkerState.FAILED:
             return self._on_exit(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
-            self._close_attempt("completed", 0)
+            self.close_attempt("completed", 0)
         return result
 
     def _leave_for_spare(self, reason: str) -> RunResult:
@@ -290,10 +311,26 @@ class GuardAgent(LocalElasticAgent):
         # The peers' workers fail when ours stop: that is this restart, not a new failure.
         self.recorder.claim(self.attempt)
         self.emit(PlannedInterruption(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, reason=reason))
-        self._close_attempt("planned", None)
-        self._stop_local_workers(signal.SIGTERM)
-        self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
+        self.close_attempt("planned", None)
+        self.stop_local_workers(signal.SIGTERM)
+        self.budget.refund()  # a membership change is not a retry (torch's rule for joining nodes)
         return RunResult(state=WorkerState.FAILED)
+
+    # --- what in-process recovery uses (`trainguard.launch.inprocess.RecoveryHost`) ----------------------
+
+    def exit_codes_seen(self) -> dict[int, int]:
+        """Global rank -> exit code of the workers whose failure this monitor round found (their evidence is
+        already gathered)."""
+        return dict(self._early[0]) if self._early is not None else {}
+
+    def record_exit(self, wg: WorkerGroup) -> RunResult:
+        """Record the failure of the workers that exited (as for a whole-process restart)."""
+        return self._on_exit(wg, RunResult(state=WorkerState.FAILED))
+
+    def next_attempt(self) -> int:
+        """Start counting the next attempt (an in-process restart has no rendezvous that would)."""
+        self.attempt += 1
+        return self.attempt
 
     # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.launch.corruption`'s
 
@@ -311,8 +348,8 @@ class GuardAgent(LocalElasticAgent):
         steps = [b.step for b in beats.values() if b is not None]
         detail = blame.crash_detail(codes)
         if self.watch.planned_leave(self.attempt) is not None:  # a node left for a waiting spare (restart-now)
-            self._close_attempt("planned", None)
-            self._remaining_restarts += 1  # a membership change is not a retry (torch's rule for joining nodes)
+            self.close_attempt("planned", None)
+            self.budget.refund()  # a membership change is not a retry (torch's rule for joining nodes)
             return result
         if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
@@ -323,14 +360,14 @@ class GuardAgent(LocalElasticAgent):
             self.recorder.record(self.attempt, kind, culprits, mono - self._last_alive_mono, wall,
                                  min(steps) if steps else None, ev, detail, verdict="crash", explanation=detail,
                                  if_unknown=blame.unexplained_crash_note(codes, culprits))
-        self._close_attempt("failure", codes[failed[0]] if failed else None)
+        self.close_attempt("failure", codes[failed[0]] if failed else None)
         self._apply_policy(beats, ev)
         return result
 
     def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
         world = wg.workers[0].world_size if wg.workers else 0
         if len(wg.workers) < world:  # ranks wait for a node that may be stopped or cut off as a whole
-            lost = self.peers.settle(self.attempt, self._world_size(), mono)
+            lost = self.peers.settle(self.attempt, self._job_world_size(), mono)
             if lost:
                 return self._on_node_lost(wg, lost, time.time())
         ev = self._gather(wg, set())
@@ -343,7 +380,7 @@ class GuardAgent(LocalElasticAgent):
             self.recorder.record(self.attempt, "hang", found.culprits, latency, wall, last, ev, detail,
                                  verdict=found.verdict, explanation=found.diagnosis_explanation,
                                  diagnosis_ranks=found.diagnosis_ranks, backend=found.backend)
-        self._close_attempt("failure", None)
+        self.close_attempt("failure", None)
         self._apply_policy(self._read_beats(wg), ev)
         if self.inprocess is not None and self.inprocess.recover(self, wg, found.culprits, "hang", kill=True):
             return RunResult(state=WorkerState.HEALTHY)  # the hung ranks were killed and replaced
@@ -354,9 +391,9 @@ class GuardAgent(LocalElasticAgent):
         the restart (`CorruptionResponse`), once every node has stopped its workers."""
         wall = time.time()
         # The ranks wait for us: stop them before anything else so no save of corrupted state commits.
-        self._stop_local_workers(signal.SIGTERM)
+        self.stop_local_workers(signal.SIGTERM)
         self.corruption.record(marker, self.attempt, wall)
-        self._close_attempt("failure", None)
+        self.close_attempt("failure", None)
         beats = self._read_beats(wg)
         self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
         return RunResult(state=WorkerState.FAILED)
@@ -370,7 +407,7 @@ class GuardAgent(LocalElasticAgent):
                                   [int(w.id) for w in wg.workers if w.id is not None], self.layout.chaos_dir, self.emit)
         if wg.group_world_size in (None, 1):
             return []
-        return self.peers.poll(self.attempt, self._world_size(), mono)
+        return self.peers.poll(self.attempt, self._job_world_size(), mono)
 
     def _lost_behind(self, codes: dict[int, int], kind: str, wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
         """Whether local ranks failed because a peer node died: their error exits (or aborts) are then an echo.
@@ -378,13 +415,13 @@ class GuardAgent(LocalElasticAgent):
         echo = kind == "exit" or all(c == -signal.SIGABRT for c in codes.values())
         if not echo or not wg.group_world_size or wg.group_world_size < 2:
             return []
-        return self.peers.settle(self.attempt, self._world_size(), mono)
+        return self.peers.settle(self.attempt, self._job_world_size(), mono)
 
     def _on_node_lost(self, wg: WorkerGroup, lost: list[nodes.LostNode], wall: float) -> RunResult:
         beats = self._read_beats(wg)
         steps = [b.step for b in beats.values() if b is not None]
         self.recorder.record_node_lost(self.attempt, lost, wall, min(steps) if steps else None)
-        self._close_attempt("failure", None)
+        self.close_attempt("failure", None)
         self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
         return RunResult(state=WorkerState.FAILED)
 
@@ -392,9 +429,9 @@ class GuardAgent(LocalElasticAgent):
         """After the agent lost its rendezvous (c10d's store dies with its host): record a peer that stopped
         beating as lost, waiting at most the lost-node timeout for the verdict. Returns the lost nodes."""
         try:
-            if self.attempt < 0 or (self._worker_group.group_world_size or 1) < 2:
+            if self.attempt < 0 or (self.get_worker_group().group_world_size or 1) < 2:
                 return []
-            lost = self.peers.settle(self.attempt, self._world_size(), time.monotonic())
+            lost = self.peers.settle(self.attempt, self._job_world_size(), time.monotonic())
             if lost:
                 self.recorder.record_node_lost(self.attempt, lost, time.time(), None)
             return [n.node for n in lost]
@@ -402,22 +439,22 @@ class GuardAgent(LocalElasticAgent):
             log.warning("could not check the peers after losing the rendezvous: %s", exc)
             return []
 
-    def _exit_barrier(self) -> None:
+    def on_exit_barrier(self) -> None:
         """torch's wait for every agent at the end, except that a peer found lost meanwhile ends it: a killed
         agent never arrives, and torch would wait its full 120 s for it."""
-        if (self._worker_group.group_world_size or 1) < 2:
-            return super()._exit_barrier()
+        if (self.get_worker_group().group_world_size or 1) < 2:
+            return self.torch_exit_barrier()
         done = threading.Event()
 
         def barrier() -> None:
             try:
-                super(GuardAgent, self)._exit_barrier()
+                self.torch_exit_barrier()
             finally:
                 done.set()
 
         threading.Thread(target=barrier, name="trainguard-exit-barrier", daemon=True).start()
         while not done.wait(0.5):
-            lost = self.peers.observe(self.attempt, self._world_size(), time.monotonic())
+            lost = self.peers.observe(self.attempt, self._job_world_size(), time.monotonic())
             if lost:
                 log.warning("not waiting at the exit barrier for lost node(s) %s", ", ".join(n.node for n in lost))
                 return None
@@ -425,7 +462,7 @@ class GuardAgent(LocalElasticAgent):
 
     # --- ending an attempt --------------------------------------------------------------------------
 
-    def _close_attempt(self, reason: str, exit_code: int | None) -> None:
+    def close_attempt(self, reason: str, exit_code: int | None) -> None:
         if not self._attempt_closed:
             self._attempt_closed = True
             self.emit(AttemptEnded(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
@@ -437,29 +474,29 @@ class GuardAgent(LocalElasticAgent):
         steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
         outcome = AttemptOutcome(best_step=max(steps) if steps else None,
                                  latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir))
-        decision = self.policy.on_failure(outcome, int(getattr(self, "_remaining_restarts", 0)))
+        decision = self.policy.on_failure(outcome, self.budget.remaining())
         if decision.stop:
-            self.stop_reason = decision.reason
-            self._remaining_restarts = 0
+            self.budget.stop(decision.reason or "the no-progress rule stopped restarts")
 
-    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+    def on_restart_workers(self, worker_group: WorkerGroup, counted: bool) -> None:
+        if counted:
+            self.budget.spend()
         # A peer node failed, or left for a waiting spare (straggler restart-now): this attempt ends here too.
         planned = not self._attempt_closed and self.watch.planned_leave(self.attempt) is not None
-        self._close_attempt("planned" if planned else "failure", None)
-        super()._restart_workers(worker_group)
+        self.close_attempt("planned" if planned else "failure", None)
+        self.torch_restart_workers(worker_group)
 
     # --- stopping -------------------------------------------------------------------------------
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def on_shutdown(self, death_sig: signal.Signals) -> None:
         """Every stop (restart, hang, end of run, a signal to the agent) gets our grace, not torch's 30 s."""
-        self._stop_local_workers(death_sig)
+        self.stop_local_workers(death_sig)
         # The base class closes log files and stops its watchdog and health-check server; the processes
         # are gone by now, so its own signal-and-wait finds nothing left to wait for.
-        super()._shutdown(death_sig, timeout=1)
+        self.torch_shutdown(death_sig, timeout=1)
 
-    def _stop_local_workers(self, death_sig: signal.Signals) -> None:
-        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
-        procs = [h.proc for h in handlers.values() if h.proc.poll() is None]
+    def stop_local_workers(self, death_sig: signal.Signals) -> None:
+        procs = [p for p in self._procs().values() if p.poll() is None]
         if procs:
             took = stop_processes(procs, self.cfg.stop_grace_seconds, death_sig)
             log.info("%d worker(s) of attempt %d stopped in %.2fs", len(procs), self.attempt, took)

@@ -17,32 +17,61 @@ import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
-from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from trainguard import protocol
-from trainguard.events import InProcessRecovery
+from trainguard.events import Event, InProcessRecovery
 from trainguard.launch import blame
+from trainguard.launch.budget import RestartBudget
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.stop import stop_processes
-from trainguard.launch.warm import SpareHandler, WarmSpares
-
-if TYPE_CHECKING:
-    from trainguard.launch.agent import GuardAgent
+from trainguard.launch.warm import WarmSpares
+from trainguard.protocol import RunLayout
+from trainguard.torch_api.elastic import WorkerProcesses
 
 log = logging.getLogger(__name__)
 
 
-def _link_logs(agent: GuardAgent, wg: WorkerGroup) -> None:
+class RecoveryHost(Protocol):
+    """What an in-process recovery needs from its node agent (`trainguard.launch.agent.GuardAgent`)."""
+
+    cfg: SupervisorConfig
+    layout: RunLayout
+    attempt: int
+    budget: RestartBudget
+
+    @property
+    def stop_reason(self) -> str | None: ...
+
+    def emit(self, record: Event) -> None: ...
+
+    def exit_codes_seen(self) -> dict[int, int]: ...
+
+    def record_exit(self, wg: WorkerGroup) -> RunResult: ...
+
+    def next_attempt(self) -> int: ...
+
+    def worker_environ(self) -> dict[str, str]: ...
+
+    def worker_processes(self) -> WorkerProcesses | None: ...
+
+    def open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None: ...
+
+    def close_attempt(self, reason: str, exit_code: int | None) -> None: ...
+
+    def stop_local_workers(self, death_sig: signal.Signals) -> None: ...
+
+
+def _link_logs(agent: RecoveryHost, workers: WorkerProcesses, wg: WorkerGroup) -> None:
     """``logs/attempt-<k>/rank-<r>.log`` (and ``.stdout.log``) of an in-process attempt as links to the files
     the ranks keep writing (those of the attempt that started the process group's processes), so evidence
     and readers find every attempt's logs where the layout says."""
-    pc: Any = agent._pcontext
     for w in wg.workers:
-        for target, link in ((pc.stderrs.get(w.local_rank), agent.layout.rank_log(agent.attempt, w.global_rank)),
-                             (pc.stdouts.get(w.local_rank), agent.layout.rank_stdout(agent.attempt, w.global_rank))):
+        stdout, stderr = workers.log_files(w.local_rank)
+        for target, link in ((stderr, agent.layout.rank_log(agent.attempt, w.global_rank)),
+                             (stdout, agent.layout.rank_stdout(agent.attempt, w.global_rank))):
             if not target or os.path.lexists(link):
                 continue
             try:
@@ -50,18 +79,6 @@ def _link_logs(agent: GuardAgent, wg: WorkerGroup) -> None:
                 os.symlink(os.path.abspath(target), link)
             except OSError as exc:  # logs are evidence, not a reason to stop the recovery
                 log.warning("in-process restart: no log link %s (%s)", link, exc)
-
-
-class _AppendingHandler(SubprocessHandler):
-    """torch's worker process handle, but its log files are appended to, not truncated: the replacement of a
-    rank writes after its predecessor's lines, in the files the console tailer already follows."""
-
-    def __init__(self, entrypoint: str, args: tuple[Any, ...], env: dict[str, str], stdout: str | None,
-                 stderr: str | None, local_rank: int) -> None:
-        self._stdout = open(stdout, "a") if stdout else None  # noqa: SIM115 (closed by SubprocessHandler.close)
-        self._stderr = open(stderr, "a") if stderr else None  # noqa: SIM115
-        self.local_rank_id = local_rank
-        self.proc = self._popen((entrypoint, *[str(a) for a in args]), {**os.environ, **env})
 
 
 @dataclass(frozen=True)
@@ -114,18 +131,18 @@ class InProcessRestarts:
 
     # --- starting a recovery ------------------------------------------------------------------------
 
-    def after_exit(self, agent: GuardAgent, wg: WorkerGroup) -> RunResult:
-        """Workers exited with an error (their evidence is in ``agent._early``): record the failure as always,
+    def after_exit(self, agent: RecoveryHost, wg: WorkerGroup) -> RunResult:
+        """Workers exited with an error (their evidence is already gathered): record the failure as always,
         then restart in process; when that is not possible, stop the rest for a whole-process restart."""
-        codes = dict(agent._early[0]) if agent._early is not None else {}
-        result = agent._on_exit(wg, RunResult(state=WorkerState.FAILED))
+        codes = agent.exit_codes_seen()
+        result = agent.record_exit(wg)
         _, kind = blame.crash_culprits(codes)
         if self.recover(agent, wg, sorted(codes), kind, kill=False):
             return RunResult(state=WorkerState.HEALTHY)
-        agent._stop_local_workers(signal.SIGTERM)
+        agent.stop_local_workers(signal.SIGTERM)
         return result
 
-    def recover(self, agent: GuardAgent, wg: WorkerGroup, failed: list[int], kind: str, kill: bool) -> bool:
+    def recover(self, agent: RecoveryHost, wg: WorkerGroup, failed: list[int], kind: str, kill: bool) -> bool:
         """Replace the processes of global ranks ``failed`` and start the next attempt in process.
 
         The failed attempt is already recorded and closed. Returns False (nothing done) when the policy
@@ -135,55 +152,47 @@ class InProcessRestarts:
             self.abandon(agent, f"rank(s) {', '.join(map(str, failed))} failed during the recovery")
             return False
         local = {w.global_rank: w.local_rank for w in wg.workers}
-        handlers = getattr(agent._pcontext, "subprocess_handlers", None) or {}
-        if agent.stop_reason is not None or agent._remaining_restarts <= 0 or not failed:
+        workers = agent.worker_processes()
+        if workers is None or agent.stop_reason is not None or agent.budget.remaining() <= 0 or not failed:
             return False
+        procs = workers.procs()
         if any(r not in local for r in failed) or (wg.group_world_size or 1) > 1:
             return False
         if self.fresh:  # every rank anew; their evidence is already saved
             failed, kill = sorted(local), True
         if kill:  # a hung rank: its death breaks the survivors' collectives (gloo closes its sockets)
-            stop_processes([handlers[local[r]].proc for r in failed], agent.cfg.stop_grace_seconds, signal.SIGKILL)
+            stop_processes([procs[local[r]] for r in failed], agent.cfg.stop_grace_seconds, signal.SIGKILL)
         # Ranks that died meanwhile (an error of their own) are replaced too.
-        dead = sorted({*failed, *(w.global_rank for w in wg.workers if handlers[w.local_rank].proc.poll() is not None)})
+        dead = sorted({*failed, *(w.global_rank for w in wg.workers if procs[w.local_rank].poll() is not None)})
         old = agent.attempt
-        agent._remaining_restarts -= 1
-        agent.attempt += 1
-        env = agent._worker_environ()
+        agent.budget.spend()
+        agent.next_attempt()
+        env = agent.worker_environ()
         self.store.set(protocol.inprocess_key(agent.attempt, "env"),
                        json.dumps({k: env[k] for k in protocol.INPROCESS_ATTEMPT_ENV if k in env}))
-        agent._open_attempt(wg, recovery="in-process")
-        warm = sum(self._replace(agent, wg, local[rank], env) for rank in dead)
-        _link_logs(agent, wg)
+        agent.open_attempt(wg, recovery="in-process")
+        warm = sum(self._replace(workers, wg, local[rank], env) for rank in dead)
+        _link_logs(agent, workers, wg)
         self.store.set(protocol.inprocess_key(old, "next"), str(agent.attempt))  # the survivors go
         now = time.monotonic()
         self.pending = PendingRecovery(agent.attempt, tuple(dead), kind, now, now + self.timeout_seconds, warm)
         log.info("in-process restart: attempt %d, new processes for ranks %s", agent.attempt, list(dead))
         return True
 
-    def _replace(self, agent: GuardAgent, wg: WorkerGroup, local_rank: int, env: dict[str, str]) -> bool:
+    def _replace(self, workers: WorkerProcesses, wg: WorkerGroup, local_rank: int, env: dict[str, str]) -> bool:
         """Put a new process (a warm spare if one waits) in ``local_rank``'s place; True if it was a spare."""
-        pc: Any = agent._pcontext
-        old = pc.subprocess_handlers[local_rank]
-        for stream in (old._stdout, old._stderr):
-            if stream is not None:
-                stream.close()
-        full_env = {**pc.envs[local_rank], **env}
-        stdout, stderr = pc.stdouts[local_rank] or None, pc.stderrs[local_rank] or None
-        spare = self.spares.take(full_env, stdout, stderr) if self.spares is not None else None
-        handler: SubprocessHandler
+        stdout, stderr = workers.log_files(local_rank)
+        spare = None
+        if self.spares is not None:
+            spare = self.spares.take({**workers.env(local_rank), **env}, stdout, stderr)
         if spare is not None:
-            handler = SpareHandler(spare, local_rank)
             log.info("in-process restart: warm spare pid %d takes local rank %d", spare.pid, local_rank)
-        else:
-            handler = _AppendingHandler(pc.entrypoint, pc.args[local_rank], full_env, stdout, stderr, local_rank)
-        pc.subprocess_handlers[local_rank] = handler
-        wg.workers[local_rank].id = handler.proc.pid
+        wg.workers[local_rank].id = workers.replace(local_rank, env, spare)
         return spare is not None
 
     # --- watching it --------------------------------------------------------------------------------
 
-    def poll(self, agent: GuardAgent, wg: WorkerGroup) -> RunResult | None:
+    def poll(self, agent: RecoveryHost, wg: WorkerGroup) -> RunResult | None:
         """Each monitor round while a recovery is pending: record its end, or give up after the timeout and
         return the FAILED result that makes the elastic agent restart the whole group."""
         p = self.pending
@@ -205,7 +214,7 @@ class InProcessRestarts:
         return self.fall_back(agent, f"{joined} of {world} ranks formed the process group within "
                                      f"{self.timeout_seconds:g}s")
 
-    def abandon(self, agent: GuardAgent, why: str) -> None:
+    def abandon(self, agent: RecoveryHost, why: str) -> None:
         """Record that the pending recovery failed; the whole-process restart that follows replaces it."""
         p = self.pending
         self.pending = None
@@ -215,14 +224,14 @@ class InProcessRestarts:
                                      status="fallback", ranks=p.ranks, failure_kind=p.kind,
                                      seconds=time.monotonic() - p.started_mono, warm_spares_used=p.warm,
                                      detail=why))
-        agent._remaining_restarts += 1  # the in-process try and its fallback count as one restart
+        agent.budget.refund()  # the in-process try and its fallback count as one restart
         log.warning("in-process restart abandoned (%s): restarting every worker", why)
 
-    def fall_back(self, agent: GuardAgent, why: str) -> RunResult:
+    def fall_back(self, agent: RecoveryHost, why: str) -> RunResult:
         """Abandon the pending recovery: record it, end its attempt, stop every local worker."""
         self.abandon(agent, why)
-        agent._close_attempt("failure", None)
-        agent._stop_local_workers(signal.SIGTERM)
+        agent.close_attempt("failure", None)
+        agent.stop_local_workers(signal.SIGTERM)
         return RunResult(state=WorkerState.FAILED)
 
     def close(self) -> None:

@@ -86,6 +86,22 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
         return _supervise(cfg)
 
 
+def _check_torch() -> None:
+    """Refuse (one line) when torch's elastic agent lacks the hooks trainguard runs on; warn once per missing
+    capability that only degrades the run (docs/compatibility.md)."""
+    from trainguard.torch_api.features import probe
+
+    support = probe()
+    if not next(f.available for f in support.features if f.name == "launch"):
+        from trainguard.torch_api.elastic import missing_hooks
+
+        lacks = ", ".join(missing_hooks())
+        raise errors.UnsupportedTorchError(f"torch {support.version}: the elastic agent lacks {lacks}; "
+                                           "trainguard run cannot supervise workers on it (use torchrun)")
+    for line in support.summary_lines():
+        log.warning("%s", line)
+
+
 def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -93,6 +109,7 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
 
     from trainguard.launch.agent import GuardAgent
 
+    _check_torch()
     RunDir(cfg.run_dir).create()
     handler = get_rendezvous_handler(rendezvous_parameters(cfg))
     if cfg.rdzv_backend == "static":
@@ -102,10 +119,6 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
                       monitor_interval=cfg.monitor_interval_seconds)
     agent = GuardAgent(spec, cfg)
-    if getattr(agent, "_log_line_prefix_template", None) is None:
-        # The elastic agent prefixes the worker lines it tails onto the console with this template
-        # (a constructor argument of LocalElasticAgent that GuardAgent does not pass on yet).
-        agent._log_line_prefix_template = cfg.log_line_prefix
     status, reason, code = "failed", "", EXIT_FAILED
     try:
         result = agent.run()

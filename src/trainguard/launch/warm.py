@@ -14,23 +14,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from trainguard.launch.stop import stop_processes
 
 log = logging.getLogger(__name__)
-
-
-class SpareHandler(SubprocessHandler):
-    """torch's worker process handle around a spare that took a rank (the spare opened the rank's logs)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], local_rank: int) -> None:
-        self._stdout = None
-        self._stderr = None
-        self.local_rank_id = local_rank
-        self.proc = proc
 
 
 class WarmSpares:
@@ -85,5 +72,3 @@ class WarmSpares:
             stop_processes(alive, self.grace_seconds, signal.SIGTERM)
         self.spares = []
 
-    def handler(self, proc: subprocess.Popen[bytes], local_rank: int) -> Any:
-        return SpareHandler(proc, local_rank)

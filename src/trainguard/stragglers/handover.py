@@ -2,8 +2,8 @@
 
 The group-rank-0 agent names stragglers; the slow rank's node may be another agent. The decision travels
 through the rendezvous store every node of the round shares (run directories need not be shared), and
-the spares are counted from torch's c10d rendezvous state. No torch import: the store and the handler are
-the agent's objects, used through their methods.
+the spares are counted from torch's c10d rendezvous state (`trainguard.torch_api.rendezvous`, imported
+when first needed: this module imports no torch).
 """
 
 from __future__ import annotations
@@ -46,21 +46,9 @@ class StoreHandover:
         self.handler = rdzv_handler
 
     def spares_waiting(self) -> int:
-        # torch has no public count of them: num_nodes_waiting() counts only the wait list, which a node
-        # enters when the job is below its maximum size (and then torch itself restarts to take it in).
-        # A spare of a full job sits in the redundancy list.
-        holder = getattr(self.handler, "_state_holder", None)
-        lock = getattr(self.handler, "_heartbeat_lock", None)
-        if holder is None or lock is None:  # the static backend: no spares possible
-            return 0
-        try:
-            with lock:
-                holder.sync()
-                state = holder.state
-                return len(getattr(state, "redundancy_list", ())) + len(getattr(state, "wait_list", ()))
-        except Exception as exc:  # an unreachable store: count none, so the policy falls back
-            log.warning("cannot count waiting spares: %s", exc)
-            return 0
+        from trainguard.torch_api.rendezvous import spares_waiting
+
+        return spares_waiting(self.handler)
 
     def announce(self, attempt: int, node: str, reason: str) -> None:
         store = self._store()

@@ -81,16 +81,14 @@ def dump_flight_recorder(with_stack_traces: bool = True) -> bytes | None:
     if not torch_ready():
         return None
     try:
-        import torch._C._distributed_c10d as c10d
         import torch.distributed as dist
+
+        from trainguard.torch_api.c10d import dump_flight_recorder as torch_dump
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        name = "_dump_fr_trace"
-        if dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace"):
-            name = "_dump_nccl_trace"  # CUDA builds keep NCCL collectives in their own recorder
-        dump = getattr(c10d, name)
-        return bytes(dump(includeCollectives=True, includeStackTraces=with_stack_traces, onlyActive=False))
+        # CUDA builds keep NCCL collectives in NCCL's own recorder: torch_api picks it for the NCCL backend.
+        return torch_dump("pickle", backend=dist.get_backend(), stack_traces=with_stack_traces)
     except Exception as exc:
         log.warning("flight-recorder dump failed: %s", exc)
         return None

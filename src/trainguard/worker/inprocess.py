@@ -105,11 +105,13 @@ def _teardown(backend: str) -> None:
     """Drop the default process group (and every group built on it) so a new one can be formed."""
     import torch.distributed as dist
 
+    from trainguard.torch_api.c10d import abort_process_group
+
     if not dist.is_initialized():
         return
     try:
         if backend == "nccl":
-            dist.distributed_c10d._abort_process_group()  # pending NCCL work would block a plain destroy
+            abort_process_group()  # pending NCCL work would block a plain destroy
         else:
             dist.destroy_process_group()
     except Exception as exc:  # a broken group may fail to close cleanly
@@ -173,6 +175,8 @@ class _AbortWatch:
     def _watch(self) -> None:
         import torch.distributed as dist
 
+        from trainguard.torch_api.c10d import abort_process_group
+
         try:  # its own connection: one store client is not shared between threads
             store = dist.TCPStore(self._settings.host, self._settings.port, is_master=False,
                                   timeout=timedelta(seconds=self._settings.timeout_seconds))
@@ -183,7 +187,7 @@ class _AbortWatch:
                     continue
                 if not self._done.is_set() and dist.is_initialized():
                     log.warning("trainguard: the agent opened the next attempt; aborting this rank's collectives")
-                    dist.distributed_c10d._abort_process_group()
+                    abort_process_group()
                 return
         except Exception as exc:  # the watch is a speed-up; the agent's timeout and fallback still apply
             log.warning("trainguard: no abort watch (%s)", exc)

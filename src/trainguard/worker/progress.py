@@ -33,15 +33,16 @@ def read_pg_status() -> dict[str, Any] | None:
     if not torch_ready():
         return None
     try:
-        import torch._C._distributed_c10d as c10d
         import torch.distributed as dist
+
+        from trainguard.torch_api.c10d import dump_flight_recorder
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        dump = getattr(c10d, "_dump_fr_trace_json")  # noqa: B009 - private, absent from torch's stubs
-        if dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace_json"):
-            dump = c10d._dump_nccl_trace_json
-        status = json.loads(dump(includeCollectives=False)).get("pg_status")
+        raw = dump_flight_recorder("json", backend=dist.get_backend(), collectives=False)
+        if raw is None:
+            return None
+        status = json.loads(raw).get("pg_status")
     except Exception as exc:
         log.debug("flight-recorder status unavailable: %s", exc)
         return None

@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.torch_api.c10d import PREWARM_MODULES
+
 log = logging.getLogger(__name__)
 
-ALWAYS = ("torch", "torch.distributed", "torch.optim", "torch.distributed.checkpoint", "torch._inductor.config",
+ALWAYS = ("torch", "torch.distributed", "torch.optim", "torch.distributed.checkpoint", *PREWARM_MODULES,
           "trainguard.worker.library", "trainguard.worker.inprocess", "trainguard.checkpoint")
-"""Imported by every spare, whatever the script. ``torch._inductor.config`` (about 2 s here) is what the first
+"""Imported by every spare, whatever the script. `PREWARM_MODULES` (about 2 s here) is what the first
 flight-recorder dump with stack frames and ``torch.use_deterministic_algorithms`` import: every rank under
 trainguard loads it soon after its first step anyway."""
 
