@@ -16,7 +16,10 @@ from tests.unit.test_stragglers_watch import _write_steps
 from trainguard.errors import UsageError
 from trainguard.events import Event, StragglerAction, StragglerDetected
 from trainguard.protocol import RunLayout
+from trainguard.launch.store_auth import StoreSigner
 from trainguard.stragglers.handover import StoreHandover
+
+SIGNER = StoreSigner(b"0123456789abcdef-test-secret")
 from trainguard.stragglers.watch import AgentWatch, WatchSettings, check_options
 
 
@@ -47,9 +50,9 @@ def _watches(tmp_path: Path, store: Any, handler: Any) -> tuple[AgentWatch, Agen
     emitted: list[Event] = []
     settings = WatchSettings("restart-now", 1.0, 0.0)
     leader = AgentWatch(layout, "h0", emitted.append, settings, sources=[],
-                        handover=StoreHandover(lambda: store, "run", handler))
+                        handover=StoreHandover(lambda: store, "run", handler, SIGNER))
     slow = AgentWatch(layout, "h1", lambda e: None, settings, sources=[],
-                      handover=StoreHandover(lambda: store, "run", handler))
+                      handover=StoreHandover(lambda: store, "run", handler, SIGNER))
     for w in (leader, slow):
         w.on_attempt(0)
     records, _, _ = synth(ranks=4, hosts=2, slow={3: 1.3}, onset=5)
@@ -91,12 +94,12 @@ def test_without_a_spare_it_falls_back_to_exclude_next_restart_and_says_so(tmp_p
 
 
 def test_spares_are_counted_from_both_torch_lists_and_unknown_state_counts_none() -> None:
-    assert StoreHandover(lambda: None, "r", _Handler(redundant=2, waiting=1)).spares_waiting() == 3
-    assert StoreHandover(lambda: None, "r", object()).spares_waiting() == 0  # the static backend
+    assert StoreHandover(lambda: None, "r", _Handler(redundant=2, waiting=1), SIGNER).spares_waiting() == 3
+    assert StoreHandover(lambda: None, "r", object(), SIGNER).spares_waiting() == 0  # the static backend
     broken = _Handler(1)
     broken.sync = lambda: (_ for _ in ()).throw(RuntimeError("store gone"))  # type: ignore[method-assign]
-    assert StoreHandover(lambda: None, "r", broken).spares_waiting() == 0
-    assert StoreHandover(lambda: None, "r", broken).announced(0) is None
+    assert StoreHandover(lambda: None, "r", broken, SIGNER).spares_waiting() == 0
+    assert StoreHandover(lambda: None, "r", broken, SIGNER).announced(0) is None
 
 
 def test_report_and_exclude_policies_record_their_decision_too(tmp_path: Path) -> None:
@@ -134,3 +137,15 @@ def test_a_decision_nobody_could_be_told_of_falls_back(tmp_path: Path) -> None:
     (action,) = [e for e in emitted if isinstance(e, StragglerAction)]
     assert (action.action, action.spares_waiting) == ("exclude-next-restart", 1)
     assert action.detail.startswith("could not tell node h1 to leave (no rendezvous store yet)")
+
+
+def test_a_signed_announcement_is_ignored_under_another_policy(tmp_path: Path, store: Any) -> None:
+    # The policy in force decides: a node running `report` never leaves, whatever the store says.
+    layout = RunLayout(tmp_path)
+    layout.events_dir.mkdir(parents=True, exist_ok=True)
+    node = AgentWatch(layout, "h1", lambda e: None, WatchSettings("report", 1.0, 0.0), sources=[],
+                      handover=StoreHandover(lambda: store, "run", _Handler(redundant=1), SIGNER))
+    node.on_attempt(0)
+    StoreHandover(lambda: store, "run", object(), SIGNER).announce(0, "h1", "rank 3 is 1.3x slower")
+    assert node.poll(lambda: {}, False) is None
+    assert node.exclusion_reasons(0) == []

@@ -315,6 +315,10 @@ def run(args: argparse.Namespace) -> int:
                       label="trainguard" if cfg.max_nodes == 1 else f"trainguard[{cfg.node_id}]")
     console.line(f"run dir {cfg.run_dir}, node {cfg.node_id}, {cfg.nproc_per_node} rank(s), "
                  f"rendezvous {cfg.rdzv_backend} {cfg.rdzv_endpoint} id {cfg.run_id}")
+    from trainguard.torch_api.features import probe
+
+    for line in probe().summary_lines():  # what this torch lacks, once, before anything starts
+        console.line(line, always=True)
     console.start()
     try:
         # With --json, stdout carries exactly one JSON document: the workers' stdout lines that torch

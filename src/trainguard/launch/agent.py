@@ -52,6 +52,7 @@ from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 from trainguard.launch.stop import stop_processes
+from trainguard.launch.store_auth import job_signer
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.safefs import make_dirs
@@ -85,13 +86,15 @@ class GuardAgent(ElasticAgentBase):
         self.budget = RestartBudget(cfg.max_restarts)
         """Restarts left (`trainguard.launch.budget`); torch's own counter is set from it."""
         self.events = EventWriter(self.layout.agent_events(cfg.node_id))
+        self.signer = job_signer(cfg.run_dir)
+        """Signs trainguard's keys in the rendezvous store (`trainguard.launch.store_auth`)."""
         from trainguard.stragglers.handover import StoreHandover
         from trainguard.stragglers.watch import AgentWatch, WatchSettings  # telemetry and the straggler policy
 
         settings = WatchSettings.resolve(cfg.straggler_policy, cfg.straggler_probe_seconds, cfg.telemetry_seconds)
         self.watch = AgentWatch(self.layout, cfg.node_id, self.emit, settings,
-                                handover=StoreHandover(self.rendezvous_store, cfg.run_id,
-                                                       spec.rdzv_handler))
+                                handover=StoreHandover(self.rendezvous_store, cfg.run_id, spec.rdzv_handler,
+                                                       self.signer))
         self.watchdog = Watchdog(cfg.watchdog)
         self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
         self.faults = chaos.parse_spec(cfg.chaos)
@@ -99,7 +102,7 @@ class GuardAgent(ElasticAgentBase):
         self.leader = False
         self.run_started_written = False
         self.excluded_reason: str | None = None
-        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store)
+        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store, self.signer)
         self.failures = self.recorder.failures
         """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
         self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)

@@ -19,6 +19,7 @@ from torch.distributed.elastic.agent.server.api import WorkerGroup
 from trainguard.events import Diagnosis, Event, FailureDetected
 from trainguard.launch import blame, evidence, nodes
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.store_auth import StoreSigner
 from trainguard.launch.watchdog import Verdict
 from trainguard.protocol import RunLayout
 
@@ -139,11 +140,14 @@ def classify(ev: evidence.GatheredEvidence, ranks: list[int], verdict: str, back
 class FailureRecorder:
     """Writes this node's failure records, and keeps the ``FailureDetected`` ones for the run's result."""
 
-    def __init__(self, cfg: SupervisorConfig, emit: Callable[[Event], None], store: Callable[[], Any]) -> None:
+    def __init__(self, cfg: SupervisorConfig, emit: Callable[[Event], None], store: Callable[[], Any],
+                 signer: StoreSigner) -> None:
         self.cfg = cfg
         self.emit = emit
         self.store = store
         """The rendezvous store (None before the first rendezvous): where nodes claim a failure."""
+        self.signer = signer
+        """Names the claim keys: only the job's agents can name (and so pre-claim) one."""
         self.failures: list[FailureDetected] = []
 
     def hosts_of(self, attempt: int, ranks: list[int]) -> tuple[str, ...]:
@@ -156,7 +160,7 @@ class FailureRecorder:
         if store is None:
             return True
         try:
-            key = f"trainguard/{self.cfg.run_id}/failure/{attempt}"
+            key = self.signer.claim_key(f"trainguard/{self.cfg.run_id}/failure/{attempt}")
             return int(store.add(key, 1)) == 1  # add, not compare_set: etcd's store has only add
         except Exception:
             return True

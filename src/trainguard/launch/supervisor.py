@@ -87,8 +87,8 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
 
 
 def _check_torch() -> None:
-    """Refuse (one line) when torch's elastic agent lacks the hooks trainguard runs on; warn once per missing
-    capability that only degrades the run (docs/compatibility.md)."""
+    """Refuse (one line) when torch's elastic agent lacks the hooks trainguard runs on (docs/compatibility.md);
+    the console says what only degrades the run (`trainguard.cli.run`)."""
     from trainguard.torch_api.features import probe
 
     support = probe()
@@ -98,8 +98,6 @@ def _check_torch() -> None:
         lacks = ", ".join(missing_hooks())
         raise errors.UnsupportedTorchError(f"torch {support.version}: the elastic agent lacks {lacks}; "
                                            "trainguard run cannot supervise workers on it (use torchrun)")
-    for line in support.summary_lines():
-        log.warning("%s", line)
 
 
 def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
@@ -108,10 +106,14 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from trainguard.launch.agent import GuardAgent
+    from trainguard.launch.local_rendezvous import loopback_c10d_handler, loopback_host
 
     _check_torch()
     RunDir(cfg.run_dir).create()
-    handler = get_rendezvous_handler(rendezvous_parameters(cfg))
+    params = rendezvous_parameters(cfg)
+    loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
+    # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
+    handler = loopback_c10d_handler(params, loopback) if loopback else get_rendezvous_handler(params)
     if cfg.rdzv_backend == "static":
         handler = _FreshWorkerStore(handler, cfg.local_addr)
     entry, args = worker_entry(cfg)

@@ -2,18 +2,29 @@
 
 The group-rank-0 agent names stragglers; the slow rank's node may be another agent. The decision travels
 through the rendezvous store every node of the round shares (run directories need not be shared), and
-the spares are counted from torch's c10d rendezvous state (`trainguard.torch_api.rendezvous`, imported
-when first needed: this module imports no torch).
+the spares are counted from torch's c10d rendezvous state (`trainguard.torch_api.rendezvous`, imported when
+first needed: this module imports no torch). Announcements are signed with the job's secret
+(`trainguard.launch.store_auth`): the store accepts writes from any local user, and an unsigned one is
+ignored with a warning.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class Signer(Protocol):
+    """Signs and checks store values with the job's secret (`trainguard.launch.store_auth.StoreSigner`)."""
+
+    def sign(self, context: str, fields: dict[str, str]) -> bytes:
+        ...
+
+    def verify(self, context: str, raw: bytes, names: tuple[str, ...]) -> dict[str, str] | None:
+        ...
 
 
 class Handover(Protocol):
@@ -39,11 +50,14 @@ def _key(run_id: str, attempt: int) -> str:
 class StoreHandover:
     """`Handover` over the agent's rendezvous store and its c10d rendezvous handler."""
 
-    def __init__(self, store: Callable[[], Any], run_id: str, rdzv_handler: Any) -> None:
+    def __init__(self, store: Callable[[], Any], run_id: str, rdzv_handler: Any, signer: Signer) -> None:
         self._store = store
         """Returns the store of the current rendezvous round (it changes at every restart), or None."""
         self.run_id = run_id
         self.handler = rdzv_handler
+        self.signer = signer
+        """Signs announcements and checks the ones read back."""
+        self._refused: set[tuple[str, bytes]] = set()
 
     def spares_waiting(self) -> int:
         from trainguard.torch_api.rendezvous import spares_waiting
@@ -54,7 +68,8 @@ class StoreHandover:
         store = self._store()
         if store is None:
             raise RuntimeError("no rendezvous store yet")
-        store.set(_key(self.run_id, attempt), json.dumps({"node": node, "reason": reason}))
+        key = _key(self.run_id, attempt)
+        store.set(key, self.signer.sign(key, {"node": node, "reason": reason}))
 
     def announced(self, attempt: int) -> tuple[str, str] | None:
         store = self._store()
@@ -64,11 +79,14 @@ class StoreHandover:
         try:
             if not store.check([key]):
                 return None
-            data = json.loads(bytes(store.get(key)).decode())
-            node, reason = data["node"], data["reason"]
-        except Exception as exc:  # a store going away at the end of the job, a malformed value
+            raw = bytes(store.get(key))
+        except Exception as exc:  # a store going away at the end of the job
             log.debug("straggler announcement unreadable: %s", exc)
             return None
-        if isinstance(node, str) and isinstance(reason, str):
-            return node, reason
-        return None
+        if (key, raw) in self._refused:  # said once: the poll comes back every second
+            return None
+        fields = self.signer.verify(key, raw, ("node", "reason"))
+        if fields is None:
+            self._refused.add((key, raw))
+            return None
+        return fields["node"], fields["reason"]

@@ -183,6 +183,11 @@ class AgentWatch:
         told = self.handover.announced(self.attempt)
         if told is None or told[0] != self.node_id:
             return None
+        if self.settings.policy != "restart-now":  # even a signed announcement must match the policy in force
+            log.warning("ignored an announcement to leave for a spare: this node runs straggler policy %r",
+                        self.settings.policy)
+            self._next_announce_check = float("inf")
+            return None
         self._leaving = told[1]
         log.warning("leaving the job now for a waiting spare: %s", told[1])
         return told[1]
