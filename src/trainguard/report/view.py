@@ -9,12 +9,14 @@ framework, no plotting library.
 from __future__ import annotations
 
 import bisect
+import errno
 import math
 import os
+import stat
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainguard.eventlog import SkippedRecords
@@ -77,22 +79,56 @@ def _r(x: float) -> float:
     return round(x, 3)
 
 
+def open_evidence(root: str | os.PathLike[str], rel: str) -> int:
+    """A read-only descriptor of the evidence file or folder ``rel`` of the run directory ``root``; the caller
+    closes it. `OSError` (`FileNotFoundError` for a path that is not evidence) when it may not be read.
+
+    ``rel`` must start with one of `EVIDENCE_DIRS`. Every component below the run directory is opened relative
+    to the one before it with ``O_NOFOLLOW``, so a symlink at any depth is refused (the folder itself, a
+    folder inside it, the file), also one pointing inside the run: trainguard writes none there, a link is
+    only ever someone else's idea, and refusing them all leaves no link to judge. Opening by descriptor also
+    means nothing can be swapped for a link between the check and the read. The run directory itself may be
+    reached through links (``runs/x -> /scratch/x``): that is the operator's choice, made on the command line.
+    Only regular files and folders are answered (a FIFO or device is refused without blocking on it).
+    """
+    parts = PurePosixPath(rel).parts
+    if not parts or parts[0] not in EVIDENCE_DIRS or any(p in ("..", "/") or "\0" in p for p in parts):
+        raise FileNotFoundError(errno.ENOENT, "not an evidence path", rel)
+    fd = os.open(os.fspath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, name in enumerate(parts):
+            # O_NONBLOCK: opening a FIFO planted under an evidence name must not hang the reader.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            below = os.open(name, flags if i == len(parts) - 1 else flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file or folder", rel)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def evidence_link(root: Path, item: str) -> dict[str, Any]:
     """One evidence entry: a path under the run's evidence folders that exists (``file``/``dir``), else ``text``.
 
     Evidence comes from event files, which anyone who can write the run directory controls: a path is
-    only offered as a link when it resolves inside the run directory's evidence folders.
+    only offered as a link when the dashboard would serve it (`open_evidence`).
     """
     rel = item.strip()
-    parts = Path(rel).parts if rel and not os.path.isabs(rel) else ()
-    if parts and parts[0] in EVIDENCE_DIRS and ".." not in parts:
+    if rel and not os.path.isabs(rel):
         try:
-            base = root.resolve()
-            target = (root / rel).resolve()
-        except (OSError, RuntimeError):
-            target = None
-        if target is not None and target.is_relative_to(base / parts[0]) and target.exists():
-            return {"text": rel, "path": Path(*parts).as_posix(), "kind": "dir" if target.is_dir() else "file"}
+            fd = open_evidence(root, rel)
+        except (OSError, ValueError):
+            pass
+        else:
+            try:
+                kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+            finally:
+                os.close(fd)
+            return {"text": rel, "path": PurePosixPath(rel).as_posix(), "kind": kind}
     return {"text": item, "path": None, "kind": "text"}
 
 

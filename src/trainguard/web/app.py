@@ -12,10 +12,12 @@ import hashlib
 import hmac
 import logging
 import mimetypes
+import os
+import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
@@ -23,14 +25,21 @@ from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard.goodput import GoodputReport, compute_goodput
 from trainguard.report.thermal_power import run_sections
-from trainguard.report.view import EVIDENCE_DIRS, build_view
+from trainguard.report.view import build_view, open_evidence
 from trainguard.web import render as pages
 from trainguard.web.catalog import Cache, Catalog, RunEntry, etag
 from trainguard.web.simview import simulation_view
@@ -233,52 +242,74 @@ class Dashboard:
         return JSON(self._simulation(entry))
 
     def files(self, request: Request) -> Response:
-        """Evidence under the run's diagnostics/ and logs/, as plain text or a download; never as a page."""
+        """Evidence under the run's diagnostics/ and logs/, as plain text or a download; never as a page.
+
+        The path is opened component by component below the run directory without following a symlink
+        anywhere (`open_evidence`): a linked ``logs/`` or a linked file deeper down is 404, and what is
+        served is the very file that was checked.
+        """
         entry = self._entry(request)
         if entry is None:
             return _not_found("run")
-        rel = PurePosixPath(request.path_params["path"])
-        parts = rel.parts
-        if not parts or rel.is_absolute() or parts[0] not in EVIDENCE_DIRS or ".." in parts:
-            return _not_found("file")
+        rel_text = request.path_params["path"]
         try:
-            base = (entry.path / parts[0]).resolve()
-            target = (entry.path / rel).resolve()
-        except (OSError, RuntimeError):
+            fd = open_evidence(entry.path, rel_text)
+        except (OSError, ValueError):
             return _not_found("file")
-        if not target.is_relative_to(base):  # a link out of the run directory
-            return _not_found("file")
+        rel = PurePosixPath(rel_text)
         rid = quote(entry.id)
-        if target.is_dir():
-            try:
-                children = sorted(target.iterdir())
-            except OSError:
-                return _not_found("file")
-            listing = [(c.name, f"/runs/{rid}/files/{quote((rel / c.name).as_posix())}", c.is_dir()) for c in children]
+        try:
+            info = os.fstat(fd)
+            is_dir = stat.S_ISDIR(info.st_mode)
+            children = _servable_children(fd) if is_dir else []
+            text = not is_dir and _looks_like_text(rel.name, fd)
+        except OSError:
+            os.close(fd)
+            return _not_found("file")
+        if is_dir:
+            os.close(fd)
+            listing = [(name, f"/runs/{rid}/files/{quote((rel / name).as_posix())}", sub) for name, sub in children]
             return HTMLResponse(pages.render("files.html", config={"page": "files"}, data={}, plotly=False,
                                              home_url="/", run_url=f"/runs/{rid}", run_title=entry.id,
                                              title=rel.as_posix(), listing=listing))
-        if not target.is_file():
-            return _not_found("file")
-        text = _looks_like_text(target)
-        headers = {"Content-Security-Policy": FILE_CSP,
-                   "Content-Disposition": "inline" if text else f"attachment; filename=\"{quote(target.name)}\""}
-        return FileResponse(target, media_type="text/plain; charset=utf-8" if text else "application/octet-stream",
-                            headers=headers)
+        headers = {"Content-Security-Policy": FILE_CSP, "Content-Length": str(info.st_size),
+                   "Content-Disposition": "inline" if text else f"attachment; filename=\"{quote(rel.name)}\""}
+        # A file object now (not the bare descriptor): if the response is dropped unsent, collecting it closes the file.
+        body = _chunks(os.fdopen(fd, "rb"), info.st_size)
+        return StreamingResponse(body, headers=headers,
+                                 media_type="text/plain; charset=utf-8" if text else "application/octet-stream")
 
 
-def _looks_like_text(path: Path) -> bool:
-    if path.suffix in _TEXT_SUFFIXES:
+def _servable_children(dir_fd: int) -> list[tuple[str, bool]]:
+    """(name, is a folder) of the entries of a folder that the file route would serve: no symlinks, no FIFOs."""
+    out = []
+    for name in sorted(os.listdir(dir_fd)):
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+            out.append((name, stat.S_ISDIR(mode)))
+    return out
+
+
+def _chunks(fh: BinaryIO, length: int, size: int = 1 << 16) -> Iterator[bytes]:
+    """The first ``length`` bytes of ``fh``, then it is closed. A log that grows while it is sent is cut at the
+    size it had when opened, the ``Content-Length`` already promised."""
+    with fh:
+        while length > 0 and (chunk := fh.read(min(size, length))):
+            length -= len(chunk)
+            yield chunk
+
+
+def _looks_like_text(name: str, fd: int) -> bool:
+    suffix = PurePosixPath(name).suffix
+    if suffix in _TEXT_SUFFIXES:
         return True
-    guess, _ = mimetypes.guess_type(path.name)
+    guess, _ = mimetypes.guess_type(name)
     if guess and not guess.startswith("text/"):
         return False
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        return False
-    return b"\0" not in head
+    return b"\0" not in os.pread(fd, 4096, 0)
 
 
 def _not_found(what: str) -> Response:
