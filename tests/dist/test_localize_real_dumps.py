@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -85,6 +86,20 @@ def test_dead_rank_is_a_crash(tmp_path: Path) -> None:
     assert rep.culprit_ranks == (1,)
     assert rep.missing_ranks == (1,)
     assert rep.collective_seq == 3
+
+
+@pytest.mark.parametrize("seen", ["stopped", "unanswered"])
+def test_a_rank_the_supervisor_saw_alive_but_silent_is_a_hang_not_a_crash(tmp_path: Path, seen: str) -> None:
+    # The same dumps as a dead rank's, but the supervisor saw rank 1 stopped (kill -STOP) or silent when it
+    # gathered them, and said so beside the dumps: diagnose must agree with the agent's hang verdict.
+    out = run_job(tmp_path, "die", 3, dead=(1,))
+    (out / "process_state.json").write_text(json.dumps({seen: [1], "answered": [0, 2]}))
+    rep = diagnose_path(out)
+    assert rep.verdict == "hang", rep.explanation
+    assert rep.culprit_ranks == (1,)
+    assert ("stopped" if seen == "stopped" else "silent") in rep.explanation
+    (out / "process_state.json").write_text(json.dumps({"stopped": "1"}))  # not what the supervisor writes
+    assert diagnose_path(out).verdict == "crash"
 
 
 def test_hang_inside_a_subgroup_while_other_groups_are_healthy(tmp_path: Path) -> None:

@@ -175,6 +175,13 @@ def test_kill_stop_of_a_rank(tmp_path: Path, script: Path) -> None:
     _wait(proc, tmp_path)
     failure = _check_failure(run_dir, "hang", 1)
     assert "stopped" in failure["detail"], failure
+    assert "[1] waiting" not in failure["detail"], failure  # the stopped rank waits for nothing: it is stopped
+    # One story: diagnose on the saved evidence says what the agent said.
+    found = trainguard("diagnose", str(RunLayout(run_dir).diagnostics_dir(failure["attempt"])), "--json")
+    verdict = json.loads(found.stdout)
+    assert (verdict["verdict"], verdict["culprit_ranks"]) == ("hang", [1]), verdict
+    diag = of_type(events(run_dir, "agent-"), "diagnosis")[0]
+    assert "localization said" not in diag.get("explanation", ""), diag
     assert _resumed(run_dir, script)
     _check_report_adds_up(run_dir, 50)
 

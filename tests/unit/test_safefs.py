@@ -44,7 +44,9 @@ def test_evidence_log_tails_are_private(tmp_path: Path) -> None:
     tail = tmp_path / "diagnostics" / "attempt-0" / "log_tail_rank_0.txt"
     assert "boom" in tail.read_text() and _mode(tail) == 0o640
     assert _mode(tmp_path / "diagnostics") == 0o750
-    assert ev.files == ["diagnostics/attempt-0/log_tail_rank_0.txt"]
+    seen = tmp_path / "diagnostics" / "attempt-0" / "process_state.json"  # what the agent saw, for diagnose
+    assert _mode(seen) == 0o640
+    assert ev.files == ["diagnostics/attempt-0/log_tail_rank_0.txt", "diagnostics/attempt-0/process_state.json"]
 
 
 def test_exclusive_create_wins_once_and_never_follows_a_link(tmp_path: Path) -> None:

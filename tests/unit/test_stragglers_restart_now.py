@@ -15,12 +15,12 @@ from tests.unit.test_stragglers import synth
 from tests.unit.test_stragglers_watch import _write_steps
 from trainguard.errors import UsageError
 from trainguard.events import Event, StragglerAction, StragglerDetected
-from trainguard.protocol import RunLayout
 from trainguard.launch.store_auth import StoreSigner
+from trainguard.protocol import RunLayout
 from trainguard.stragglers.handover import StoreHandover
+from trainguard.stragglers.watch import AgentWatch, WatchSettings, check_options
 
 SIGNER = StoreSigner(b"0123456789abcdef-test-secret")
-from trainguard.stragglers.watch import AgentWatch, WatchSettings, check_options
 
 
 class _Handler:

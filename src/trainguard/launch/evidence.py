@@ -9,6 +9,7 @@ noted, since a stopped rank is itself a culprit signal. Dumps are read back thro
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.launch.blame import backend_of, default_group_collectives, is_stopped
+from trainguard.localize.observed import PROCESS_STATE_FILE
 from trainguard.protocol import rank_of
 from trainguard.safefs import make_dirs, write_private
 
@@ -120,6 +122,10 @@ def gather(
     for rank, paths in sorted(logs.items()):
         text = "".join(f"==> {p.name} <==\n{_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
         write_private(directory / f"log_tail_rank_{rank}.txt", text.encode())
+    # What the supervisor saw of each live rank, for `trainguard diagnose` on this folder later: a rank
+    # without a dump whose process was stopped or silent is a hang's culprit, not a dead process.
+    seen = {"stopped": sorted(ev.stopped), "unanswered": sorted(ev.unanswered), "answered": sorted(ev.replies)}
+    write_private(directory / PROCESS_STATE_FILE, json.dumps(seen).encode())
     for p in sorted(directory.iterdir()):
         if not p.name.startswith("."):
             ev.files.append(str(p.relative_to(run_root)))

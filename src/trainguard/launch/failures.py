@@ -99,7 +99,8 @@ def hang_finding(ev: evidence.GatheredEvidence, verdict: Verdict, world: int, la
     culprits, explanation = list(found.culprits), found.explanation
     verdict_name, diag_culprits, diag_explanation = "hang", culprits, explanation
     loc = evidence.localize(ev.directory, layout.rank_nodes(attempt)) if dumps.enqueued else None
-    if loc is not None and found.rule in ("enqueued", "no-dump", "steps", "none") and (
+    agrees = loc is not None and loc["verdict"] == "hang" and sorted(loc["culprit_ranks"]) == culprits
+    if loc is not None and (found.rule in ("enqueued", "no-dump", "steps", "none") or agrees) and (
             not culprits or sorted(loc["culprit_ranks"]) == culprits):
         verdict_name, diag_culprits = loc["verdict"], loc["culprit_ranks"]
         diag_explanation = loc["explanation"]

@@ -219,10 +219,11 @@ class Watchdog:
                 deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         if now <= deadline:
             return None
-        waiting = sorted(r for r, b in beats.items()
-                         if b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
         stale = sorted(r for r, b in beats.items()
                        if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
+        # A stale rank's last heartbeat tells what it did before it stopped, not that it waits now.
+        waiting = sorted(r for r, b in beats.items()
+                         if r not in stale and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
         if not waiting and not stale:
             return None  # nothing waits: a long phase without collectives (validation, data), not a hang
         parts = [f"no step or collective completed for {now - onset:.1f}s (timeout {timeout:.1f}s)"]

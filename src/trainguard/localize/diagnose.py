@@ -15,6 +15,7 @@ from pathlib import Path
 from trainguard.errors import InputError, TrainguardError
 from trainguard.localize.match import Matcher
 from trainguard.localize.model import FileWarning, LocalizationReport, Problem
+from trainguard.localize.observed import read_observed
 from trainguard.localize.reader import (
     MAX_RANK,
     Dump,
@@ -174,8 +175,10 @@ def _analyze(
     unreadable = frozenset(w.rank for w in warnings if w.rank is not None) - matcher.ranks
     world = (set(matcher.ranks) | set(range(max(matcher.ranks | unreadable) + 1)) | set(hosts)
              | set(range(world_size)))
+    seen = read_observed(directory)
     ctx = Context(world=frozenset(world), dumped=frozenset(matcher.ranks), unreadable=unreadable,
-                  empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory))
+                  empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory),
+                  stopped=seen.stopped if seen else frozenset(), unanswered=seen.unanswered if seen else frozenset())
     notes: list[Gap] = []
     problems = order_problems(group_problems(matcher, ctx, notes))
     records, decisive = missing_records(ctx, notes)

@@ -33,6 +33,10 @@ class Context:
     hosts: dict[int, str]
     evidence_files: Callable[[int], tuple[str, ...]]
     """Rank -> its stacks / log-tail evidence (paths and last lines)."""
+    stopped: frozenset[int] = frozenset()
+    """Ranks the supervisor saw alive but stopped when it gathered the dumps (`trainguard.localize.observed`)."""
+    unanswered: frozenset[int] = frozenset()
+    """Ranks the supervisor saw alive that did not answer its dump request."""
 
 
 def _names(ranks: list[int] | tuple[int, ...]) -> str:
@@ -314,6 +318,24 @@ def _behind_hang(s: _Standoff, g: GroupAcc, members: list[int], ctx: Context, pr
     return "hang", (0.7 if s.failed or s.p2p_line else 0.9), text, culprits, ()
 
 
+def _silent_live_ranks(s: _Standoff, ctx: Context) -> _Finding:
+    """Every dumped member waits for members the supervisor saw alive but silent: a hang they caused."""
+    stopped = [r for r in s.missing if r in ctx.stopped]
+    silent = [r for r in s.missing if r not in ctx.stopped]
+    how = []
+    if stopped:
+        how.append(f"rank{_plural(stopped)} {_names(stopped)} {'was' if len(stopped) == 1 else 'were'} alive "
+                   "but stopped (SIGSTOP or a debugger)")
+    if silent:
+        how.append(f"rank{_plural(silent)} {_names(silent)} {'was' if len(silent) == 1 else 'were'} running "
+                   "but did not answer the dump request")
+    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} wait in {s.op} "
+            f"(collective sequence number {s.top}) for rank{_plural(s.missing)} {_names(s.missing)}, which "
+            f"left no dump: when the supervisor asked, {' and '.join(how)}. "
+            f"{'They are' if len(s.missing) > 1 else 'It is'} the culprit." + s.unknown_text)
+    return "hang", 0.9, text, tuple(sorted(s.missing)), ()
+
+
 def _crash_before_dump(s: _Standoff) -> _Finding:
     """Every dumped member waits, and members without a dump never answered: they died."""
     text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} wait in {s.op} "
@@ -407,6 +429,8 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
     if s.waiting:
         if s.behind:
             found: _Finding | None = _behind_hang(s, g, members, ctx, present, gloo, extra)
+        elif missing and set(missing) <= (ctx.stopped | ctx.unanswered):
+            found = _silent_live_ranks(s, ctx)
         elif missing:
             found = _crash_before_dump(s)
         elif s.unreadable or s.empty:
@@ -422,6 +446,20 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
             waiting_ranks=s.waiting, consequence_ranks=(), explanation=text,
             evidence=(*last_of_behind, *s.waiting_views[:3]), confidence=conf,
             missing_records=(*records, *more_records),
+        )
+    if missing and gloo and set(missing) <= (ctx.stopped | ctx.unanswered):
+        # The peers' work is retired, yet the ranks without a dump were alive and silent when asked:
+        # they stopped, and the others wait (or failed) on them.
+        how = "stopped (SIGSTOP or a debugger)" if set(missing) <= ctx.stopped else "alive but silent"
+        text = (f"Rank{_plural(missing)} {_names(missing)} of {s.label} left no dump: when the supervisor asked, "
+                f"{'it was' if len(missing) == 1 else 'they were'} {how}; the others last entered {s.op} "
+                f"(collective sequence number {s.top}) and cannot go on without "
+                f"{'it' if len(missing) == 1 else 'them'}. {'It is' if len(missing) == 1 else 'They are'} "
+                "the culprit.")
+        return _problem(
+            g, members, ctx, verdict="hang", collective_seq=s.top, op=s.op, culprit_ranks=tuple(missing),
+            waiting_ranks=(), consequence_ranks=(), explanation=text, evidence=(), confidence=0.8,
+            missing_records=records,
         )
     if missing and gloo:
         text = (f"Rank{_plural(missing)} {_names(missing)} of {s.label} left no dump; "
