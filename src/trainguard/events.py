@@ -147,6 +147,18 @@ class StepCompleted(Event):
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: data, forward_backward, comm_wait, optimizer, checkpoint, ..."""
     loss: float | None = None
+    numbering: str = ""
+    """Where ``step`` comes from, i.e. whether it says where training resumed: ``script``
+    (``trainguard.attach()``), ``framework`` (a framework's own global step, reported by its adapter),
+    ``optimizer`` (the optimizer's own step count: it continues across restarts only when the script
+    restores the optimizer), ``attempt`` (steps counted from 1 in this attempt: it says nothing about the
+    resume point) or ``""`` (not said: simulations, older files; read as the script's own numbering)."""
+    epoch: float | None = None
+    """The framework's epoch at the step's end (fractional where the framework says so), if known."""
+
+
+STEP_NUMBERINGS = ("", "script", "framework", "optimizer", "attempt")
+"""The values of `StepCompleted.numbering`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +188,9 @@ class CheckpointSaveStarted(Event):
     attempt: int
     rank: int
     step: int
+    framework: str = ""
+    """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
+    (``transformers``, ``lightning``), reported by its adapter."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +209,9 @@ class CheckpointSaveFinished(Event):
     path: str = ""
     ok: bool = True
     error: str = ""
+    framework: str = ""
+    """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
+    (``transformers``, ``lightning``), reported by its adapter."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,9 +222,13 @@ class CheckpointLoaded(Event):
     attempt: int
     rank: int
     step: int
+    """The step the checkpoint holds: training continues with step ``step + 1`` (the resume point)."""
     seconds: float
     path: str = ""
     bytes: int = 0
+    framework: str = ""
+    """Who restored: ``""`` (trainguard's checkpointer) or the framework whose own resume this is
+    (``transformers``, ``lightning``), reported by its adapter."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,8 @@ has been imported by the script. From then on:
   not a step. The step's *number* is the optimizer's own count when it keeps one (``state[p]["step"]``
   of Adam, AdamW and most adaptive optimizers, restored with the optimizer's state dict by a resumed
   script, so numbers continue across restarts); otherwise the steps counted in this attempt.
-* each step writes the heartbeat (source ``optimizer``) and a ``StepCompleted`` event. Its duration is
+* each step writes the heartbeat (source ``optimizer``) and a ``StepCompleted`` event (``numbering``
+  ``optimizer`` for the optimizer's own count, ``attempt`` for steps counted in this attempt). Its duration is
   the time since the previous step ended; the first step of an attempt counts only from just before its
   optimizer update (its forward and backward started before anything could see them), so the effective
   training time computed from the events errs on the low side by at most one step per attempt.
@@ -24,7 +25,9 @@ has been imported by the script. From then on:
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).
 
-Once the script calls ``trainguard.attach()`` its own steps count: these hooks stop counting for good.
+Once the script calls ``trainguard.attach()`` its own steps count: these hooks stop counting for good. While
+a framework adapter (`trainguard.worker.frameworks`) reports the framework's own steps (``Runtime.step_owner``),
+these hooks neither count steps nor fire faults; the SDC check stays here.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class OptimizerSteps:
             self._first_pre_mono = time.monotonic()
             if rt.sdc is not None:
                 rt.sdc.track(optimizer)  # so an sdc fault due now has parameters to corrupt
-            if rt.injector is not None:
+            if rt.injector is not None and rt.step_owner is None:  # an adapter fires faults at its own steps
                 rt.injector.on_step_start(optimizer_step(optimizer) + 1)
         except Exception as exc:
             self._give_up(exc)
@@ -86,11 +89,15 @@ class OptimizerSteps:
             start = self._last_end_mono if self._last_end_mono is not None else (self._first_pre_mono or end)
             self._last_end_mono = end
             self._counted += 1
-            step = optimizer_step(optimizer) or self._counted
-            rt.complete_step(step, end - start, source="optimizer", end_mono=end, phase="step")
+            own = optimizer_step(optimizer)
+            step = own or self._counted
+            owned = rt.step_owner is not None  # a framework adapter reports this step, by the framework's number
+            if not owned:
+                rt.complete_step(step, end - start, source="optimizer", end_mono=end, phase="step",
+                                 numbering="optimizer" if own else "attempt")
             if rt.sdc is not None:  # the replicas are compared after the update, before the next step's faults
                 rt.sdc.on_step(step, optimizer)
-            if rt.injector is not None:
+            if rt.injector is not None and not owned:
                 rt.injector.on_step_start(step + 1)
         except Exception as exc:
             self._give_up(exc)

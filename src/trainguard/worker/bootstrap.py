@@ -5,7 +5,9 @@ The folder (`site_dir`) holds a ``sitecustomize.py`` that Python's ``site`` modu
 puts a finder at the front of ``sys.meta_path``. The finder does nothing until the script imports
 ``torch.optim`` or ``torch.distributed``; then it lets the normal loader run that module and calls
 `trainguard.worker.autohooks.on_import` right after. So a script that never imports torch pays only for
-reading two small files, and torch is never imported by trainguard.
+reading two small files, and torch is never imported by trainguard. The finder also watches the framework
+trainer modules (`FRAMEWORK_MODULES`, unless ``TRAINGUARD_FRAMEWORKS=0``): their import installs that
+framework's adapter (`trainguard.worker.frameworks`).
 
 This module must stay cheap and self-contained: at start-up it is loaded by path (not as
 ``trainguard.worker.bootstrap``, which would import the ``trainguard`` package, ~50 ms) and it may
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
 
 WATCHED = ("torch.optim", "torch.distributed")
 """Modules after whose import the automatic hooks are installed."""
+FRAMEWORK_MODULES = ("transformers.trainer", "lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+"""Modules after whose import a framework adapter is installed (`trainguard.worker.frameworks.MODULES`)."""
+FRAMEWORKS_ENV = "TRAINGUARD_FRAMEWORKS"
+"""``0``: no framework adapters (`trainguard.worker.frameworks.ENV`)."""
 OWNER_ENV = "TRAINGUARD_AUTO_OWNER_PID"
 """Set by the first instrumented process to its pid: processes it starts (data loader workers,
 compile workers, checkpoint writers) inherit the environment but are not ranks, and stay untouched."""
@@ -110,7 +116,18 @@ class PostImportFinder:
         pass
 
 
+def watched(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The modules the finder watches: torch's, and the frameworks' unless ``TRAINGUARD_FRAMEWORKS=0``."""
+    env = os.environ if environ is None else environ
+    return WATCHED if env.get(FRAMEWORKS_ENV, "1").strip() == "0" else WATCHED + FRAMEWORK_MODULES
+
+
 def _run_autohooks(name: str, module: Any) -> None:
+    if name in FRAMEWORK_MODULES:
+        from trainguard.worker import frameworks
+
+        frameworks.on_import(name, module)
+        return
     from trainguard.worker import autohooks
 
     autohooks.on_import(name, module)
@@ -125,5 +142,5 @@ def install(environ: Mapping[str, str] | None = None,
         return True
     if environ is None:
         os.environ.setdefault(OWNER_ENV, str(os.getpid()))
-    sys.meta_path.insert(0, PostImportFinder(WATCHED, hook or _run_autohooks))
+    sys.meta_path.insert(0, PostImportFinder(watched(environ), hook or _run_autohooks))
     return True

@@ -100,7 +100,7 @@ class Worker:
             self._step = None
         end = time.monotonic()
         rt.complete_step(step, end - ctx.start, source="script", end_mono=end, phases=dict(ctx.phases),
-                         loss=ctx.loss)
+                         loss=ctx.loss, numbering="script")
         if rt.sdc is not None:  # every K steps the replicas compare parameters (after the update)
             rt.sdc.on_step(step)
 

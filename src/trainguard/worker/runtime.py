@@ -73,6 +73,9 @@ class Runtime:
         self.phase = "init"
         self.phase_start_mono = now
         self.source = "none"
+        self.step_owner: str | None = None
+        """The framework whose adapter counts this process's steps right now (``transformers``,
+        ``lightning``; `trainguard.worker.frameworks`); None: the optimizer hooks count them."""
         self.collectives = CollectiveStatus(0, 0.0)
         self._tracker = CollectiveTracker()
         self._pg_seen = False
@@ -142,10 +145,16 @@ class Runtime:
 
     def complete_step(self, step: int, duration_seconds: float, *, source: str, end_mono: float | None = None,
                       phases: dict[str, float] | None = None, loss: float | None = None,
-                      phase: str = "idle") -> None:
-        """Record one completed step: status, heartbeat, ``StepCompleted`` event, chaos's step clock."""
+                      phase: str = "idle", numbering: str = "", epoch: float | None = None,
+                      emit: bool = True) -> StepCompleted | None:
+        """Record one completed step: status, heartbeat, ``StepCompleted`` event, chaos's step clock.
+
+        ``numbering`` says where ``step`` comes from (`StepCompleted.numbering`). With ``emit=False`` the
+        record is returned instead of written, for a caller that learns the step's loss a moment later and
+        writes it then (`emit`); its ``time`` is still the step's end. None when this process is disabled.
+        """
         if self._disabled:
-            return
+            return None
         end = time.monotonic() if end_mono is None else end_mono
         self.set_source(source)
         self.step = step
@@ -157,8 +166,12 @@ class Runtime:
         self.beat()
         if self.injector is not None:
             self.injector.note_step_seconds(duration_seconds)
-        self.emit(StepCompleted(time=time.time(), host=self.host, attempt=self.attempt, rank=self.rank, step=step,
-                                duration_seconds=duration_seconds, phases=phases or {}, loss=loss))
+        record = StepCompleted(time=time.time(), host=self.host, attempt=self.attempt, rank=self.rank, step=step,
+                               duration_seconds=duration_seconds, phases=phases or {}, loss=loss,
+                               numbering=numbering, epoch=epoch)
+        if emit:
+            self.emit(record)
+        return record
 
     # --- events ---------------------------------------------------------------------------------
 
