@@ -12,9 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -41,8 +44,19 @@ def wait_for(page: Any, expression: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def get(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request, with exactly the headers given (no token unless given)."""
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
 class Server:
-    """``trainguard serve`` in a subprocess; ``url`` once it listens."""
+    """``trainguard serve`` in a subprocess; ``url`` (scheme, host and port) once it listens, and ``token``: the
+    one it printed in its address (generated, as without --token), else the one it was given."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, log: Path) -> None:
         self.log = log
@@ -54,14 +68,25 @@ class Server:
         while time.monotonic() < deadline:
             text = log.read_text(errors="replace")
             if "http://" in text:
-                self.url = text.split("http://", 1)[1].split()[0].rstrip("/")
-                self.url = "http://" + self.url
+                address = urlsplit("http://" + text.split("http://", 1)[1].split()[0])
+                self.url = f"{address.scheme}://{address.netloc}"
+                printed = parse_qs(address.query).get("token", [""])[0]
+                self.token = printed or full_env.get("TRAINGUARD_TOKEN", "")
                 return
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited {self.proc.returncode}: {text}")
             time.sleep(0.1)
         self.stop()
         raise AssertionError(f"serve did not start: {log.read_text(errors='replace')}")
+
+    def get(self, path: str, headers: dict[str, str] | None = None,
+            method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+        """A request to ``path`` with the token (as a script sends it: a bearer header)."""
+        return get(self.url + path, {"Authorization": f"Bearer {self.token}", **(headers or {})}, method)
+
+    def open(self, page: Any, path: str) -> None:
+        """Open ``path`` in the browser as its owner does: with ``?token=`` (the dashboard trades it for a cookie)."""
+        page.goto(f"{self.url}{path}{'&' if '?' in path else '?'}token={self.token}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

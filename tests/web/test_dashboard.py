@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +21,6 @@ def report_json(run: Path) -> dict[str, Any]:
     return json.loads(res.stdout)
 
 
-def get(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, headers=headers or {}, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, dict(resp.headers), resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
-
-
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root`` with its size and modification time."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -39,7 +28,7 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def open_run(page: Any, server: Server, run: str) -> None:
-    page.goto(f"{server.url}/runs/{run}")
+    server.open(page, f"/runs/{run}")
     wait_for(page, "window.tgReady === true", timeout=30)
 
 
@@ -93,7 +82,7 @@ def check_run_page(page: Any, report: dict[str, Any], artifacts: Path, name: str
 
 def test_runs_list_shows_every_run_with_its_report_numbers(page: Any, server: Server, runs_root: Path,
                                                            artifacts: Path) -> None:
-    page.goto(server.url + "/")
+    server.open(page, "/")
     wait_for(page, "window.tgReady === true", timeout=30)
     page.screenshot(path=str(artifacts / "runs.png"))
     for run in RUNS:
@@ -125,19 +114,19 @@ def test_the_simulated_run_is_the_54_day_419_interruption_run(runs_root: Path) -
 
 
 def test_api_serves_exactly_the_report_json(server: Server, runs_root: Path) -> None:
-    status, _, body = get(server.url + "/api/runs")
+    status, _, body = server.get("/api/runs")
     assert status == 200
     listed = {r["id"]: r for r in json.loads(body)["runs"]}
     for run in RUNS:
         report = report_json(runs_root / run)
-        status, headers, body = get(f"{server.url}/api/runs/{run}")
+        status, headers, body = server.get(f"/api/runs/{run}")
         assert status == 200 and headers["content-type"].startswith("application/json")
         assert json.loads(body) == report
         assert listed[run]["ettr"] == report["ettr"] and listed[run]["status"] == report["status"]
         # Unchanged events: the ETag answers 304 without recomputing anything.
-        status, _, _ = get(f"{server.url}/api/runs/{run}", {"If-None-Match": headers["etag"]})
+        status, _, _ = server.get(f"/api/runs/{run}", {"If-None-Match": headers["etag"]})
         assert status == 304
-    assert get(server.url + "/api/runs/no-such-run")[0] == 404
+    assert server.get("/api/runs/no-such-run")[0] == 404
 
 
 def test_evidence_links_serve_the_files_as_plain_text(page: Any, server: Server, runs_root: Path,
@@ -147,7 +136,7 @@ def test_evidence_links_serve_the_files_as_plain_text(page: Any, server: Server,
     assert hrefs, "the demo's interruptions have evidence files"
     texts = [h for h in hrefs if h.endswith(".txt")]
     assert texts
-    status, headers, body = get(server.url + texts[0])
+    status, headers, body = server.get(texts[0])
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert headers["content-security-policy"].endswith("sandbox")
     rel = texts[0].split("/files/", 1)[1]
@@ -155,8 +144,8 @@ def test_evidence_links_serve_the_files_as_plain_text(page: Any, server: Server,
     # Nothing outside diagnostics/ and logs/ (no checkpoints, no escape from the run directory).
     for bad in ("checkpoints/step-5/manifest.json", "events/agent-vm.jsonl", "diagnostics/../../sample-run/events",
                 "diagnostics/%2e%2e/%2e%2e/sample-run/events/rank-0.jsonl"):
-        assert get(f"{server.url}/runs/demo/files/{bad}")[0] == 404, bad
-    page.goto(server.url + texts[0].rsplit("/", 1)[0] + "/")
+        assert server.get(f"/runs/demo/files/{bad}")[0] == 404, bad
+    server.open(page, texts[0].rsplit("/", 1)[0] + "/")
     page.screenshot(path=str(artifacts / "evidence-listing.png"))
     assert page.locator("ul.files li a").count() >= 1
 
@@ -168,7 +157,7 @@ def test_simulation_page_shows_the_ettr_distribution_and_plan_curve(page: Any, s
     page.click("#sim-href")
     wait_for(page, "window.tgReady === true", timeout=60)
     page.screenshot(path=str(artifacts / "simulation-sim54.png"), full_page=True)
-    status, _, body = get(server.url + "/api/runs/sim54/simulation")
+    status, _, body = server.get("/api/runs/sim54/simulation")
     sim = json.loads(body)
     assert status == 200 and sim["available"], sim
     hist = page.evaluate("() => document.getElementById('ettr-distribution').data[0].x")
@@ -178,21 +167,21 @@ def test_simulation_page_shows_the_ettr_distribution_and_plan_curve(page: Any, s
     assert curve["x"] == [c["minutes"] for c in sim["plan"]["candidates"]]
     assert curve["y"] == [c["ettr_mean"] for c in sim["plan"]["candidates"]]
     # A real run has no simulation to redo.
-    status, _, body = get(server.url + "/api/runs/demo/simulation")
+    status, _, body = server.get("/api/runs/demo/simulation")
     assert json.loads(body)["available"] is False
 
 
 def test_pages_write_nothing(page: Any, server: Server, runs_root: Path) -> None:
     before = snapshot(runs_root)
     for path in ("/", "/runs/sample-run", "/runs/demo", "/runs/sim54/simulation"):
-        page.goto(server.url + path)
+        server.open(page, path)
         wait_for(page, "window.tgReady === true", timeout=60)
     for method in ("POST", "PUT", "DELETE"):
-        assert get(server.url + "/runs/demo", method=method)[0] == 405
+        assert server.get("/runs/demo", method=method)[0] == 405
     assert snapshot(runs_root) == before
 
 
 def test_loopback_dashboard_refuses_foreign_host_headers(server: Server) -> None:
     """A page on another site cannot reach the dashboard through DNS rebinding."""
-    assert get(server.url + "/api/runs", {"Host": "attacker.example"})[0] == 400
-    assert get(server.url + "/api/runs", {"Host": "localhost"})[0] == 200
+    assert server.get("/api/runs", {"Host": "attacker.example"})[0] == 400
+    assert server.get("/api/runs", {"Host": "localhost"})[0] == 200

@@ -43,7 +43,7 @@ def test_the_run_page_updates_while_the_job_runs(page: Any, live_run: Path, tmp_
                                                   artifacts: Path) -> None:
     server = Server(str(live_run.parent), "--poll", "0.5", log=tmp_path / "serve.log")
     try:
-        page.goto(server.url + "/runs/job")
+        server.open(page, "/runs/job")
         wait_for(page, "window.tgReady === true", timeout=30)
         assert page.inner_text("#status") == "incomplete"
         assert page.get_attribute("#steps", "data-value") == "10"
@@ -93,7 +93,7 @@ def test_straggler_heat_map_and_telemetry_appear_when_recorded(page: Any, live_r
                      for s in range(0, 60, 5)])
     server = Server(str(live_run), log=tmp_path / "serve.log")
     try:
-        page.goto(server.url + "/runs/job")
+        server.open(page, "/runs/job")
         wait_for(page, "window.tgReady === true", timeout=30)
         page.screenshot(path=str(artifacts / "stragglers-telemetry.png"), full_page=True)
         assert page.locator("#stragglers-section").is_visible()

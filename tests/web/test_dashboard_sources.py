@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.web.conftest import Server, trainguard, wait_for
-from tests.web.test_dashboard import get
 from trainguard import events as ev
 from trainguard.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
@@ -26,11 +25,11 @@ def test_runs_of_the_fleet_database_are_listed_and_the_database_is_not_written(p
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
     server = Server("--db", str(db), log=tmp_path / "serve.log")
     try:
-        page.goto(server.url + "/")
+        server.open(page, "/")
         wait_for(page, "window.tgReady === true")
         row = page.locator("#runs tr[data-run='sample-run']")
         assert row.count() == 1 and "db" in row.inner_text()
-        page.goto(server.url + "/runs/sample-run")
+        server.open(page, "/runs/sample-run")
         wait_for(page, "window.tgReady === true")
         assert page.inner_text("#ettr") == "74.4%"
     finally:
@@ -61,7 +60,7 @@ def test_hostile_event_text_is_shown_as_text(page: Any, tmp_path: Path, artifact
         ])
     server = Server(str(rd.root.parent), log=tmp_path / "serve.log")
     try:
-        page.goto(server.url + "/runs/evil")
+        server.open(page, "/runs/evil")
         wait_for(page, "window.tgReady === true")
         page.screenshot(path=str(artifacts / "hostile-run.png"))
         assert page.evaluate("window.pwned") is None
@@ -69,6 +68,6 @@ def test_hostile_event_text_is_shown_as_text(page: Any, tmp_path: Path, artifact
         assert EVIL in page.inner_text("#interruptions")
         # Neither evidence entry is a link: one leaves the run directory, the other is not a path.
         assert page.locator("#interruptions td.evidence a").count() == 0
-        assert get(server.url + "/runs/evil/files/diagnostics/leak.txt")[0] == 404
+        assert server.get("/runs/evil/files/diagnostics/leak.txt")[0] == 404
     finally:
         server.stop()

@@ -1,4 +1,9 @@
-"""``trainguard serve [RUNS...]``: the read-only dashboard over run directories and the fleet database."""
+"""``trainguard serve [RUNS...]``: the read-only dashboard over run directories and the fleet database.
+
+Every request needs a token, on loopback too: other users of the same machine reach 127.0.0.1 as well,
+and the dashboard (running as its owner) can read logs they cannot. Without ``--token`` or
+``$TRAINGUARD_TOKEN`` one is generated and printed once, inside the address to open (as Jupyter does).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import ipaddress
 import logging
 import math
 import os
+import secrets
 import socket
 import sys
 from pathlib import Path
@@ -32,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also list the runs of this fleet database (default when no RUNS are given: "
                              "$TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db, if it exists)")
     parser.add_argument("--token", default=None,
-                        help=f"require this token on every request (default ${TOKEN_ENV}); "
-                             "needed to listen on a non-loopback address")
+                        help=f"the token every request needs (default ${TOKEN_ENV}; on loopback without either, "
+                             "one is generated and printed in the address); needed to listen on a non-loopback "
+                             f"address. Other local users see command lines: prefer ${TOKEN_ENV}")
     parser.add_argument("--poll", type=float, default=5.0, metavar="SECONDS",
                         help="how often open pages of unfinished runs refresh (default 5; 0 = never)")
 
@@ -49,7 +56,7 @@ def is_loopback(host: str) -> bool:
 
 
 def check_options(args: argparse.Namespace) -> str | None:
-    """Usage errors (exit 2); returns the token in force."""
+    """Usage errors (exit 2); returns the token given (None: none given, on loopback: one is generated)."""
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and not token:
         raise UsageError(f"--host {args.host} is not a loopback address: anyone who can reach it could read the "
@@ -62,6 +69,11 @@ def check_options(args: argparse.Namespace) -> str | None:
     if not (math.isfinite(args.poll) and 0 <= args.poll <= 3600):
         raise UsageError(f"--poll must be between 0 and 3600 seconds, not {args.poll}")
     return token
+
+
+def generate_token() -> str:
+    """A fresh token (32 URL-safe characters, 192 random bits) for a dashboard started without one."""
+    return secrets.token_urlsafe(24)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -93,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from trainguard.fleetdb import default_db_path
-    from trainguard.web.app import create_app
+    from trainguard.web.app import COOKIE, create_app
     from trainguard.web.catalog import Catalog
 
     paths = list(args.runs)
@@ -107,10 +119,18 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     count = len(catalog.entries())
     shown = f"[{host}]" if ":" in host else host
-    print(f"trainguard serve: {count} run(s) at http://{shown}:{port}/"
-          + (" (token required: open it once with ?token=TOKEN)" if token else ""), file=sys.stderr, flush=True)
+    if token is None:
+        # Printed once, in the address itself, so the owner's first click also trades it for a cookie.
+        token = generate_token()
+        print(f"trainguard serve: {count} run(s) at http://{shown}:{port}/?token={token}", file=sys.stderr, flush=True)
+    else:
+        print(f"trainguard serve: {count} run(s) at http://{shown}:{port}/ (token required: open it once with "
+              "?token=TOKEN)", file=sys.stderr, flush=True)
+    if args.token is not None:
+        print(f"trainguard serve: warning: --token is visible to other local users in the process list; "
+              f"prefer {TOKEN_ENV}", file=sys.stderr, flush=True)
     app = create_app(catalog, token=token, loopback_only=is_loopback(args.host), poll_seconds=args.poll,
-                     extra_hosts=[args.host, shown])
+                     extra_hosts=[args.host, shown], cookie_name=f"{COOKIE}_{port}")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
     server.run(sockets=[sock])
     return EXIT_OK

@@ -1,7 +1,8 @@
 """The dashboard's ASGI application (Starlette): pages, the JSON API and evidence files, all read-only.
 
-Every route is a GET. A token, when set, is required on every request (header, cookie or ``?token=``);
-a loopback-only dashboard also refuses Host headers other than loopback names (DNS rebinding).
+Every route is a GET. The token is required on every request (header, cookie or ``?token=``;
+``trainguard serve`` always sets one, on loopback too); a loopback-only dashboard also refuses Host
+headers other than loopback names (DNS rebinding).
 Pages carry security headers that keep run data (log lines, host names) from ever running as code.
 """
 
@@ -71,10 +72,11 @@ def _cookie_value(token: str) -> str:
 class Guard:
     """Token check (401 without it) and security headers on every response."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, cookie_name: str = COOKIE) -> None:
         self.app = app
         self.token = token
         self.cookie = _cookie_value(token) if token else ""
+        self.cookie_name = cookie_name
 
     def _authorized(self, request: Request) -> tuple[bool, bool]:
         """(allowed, came with ?token=)."""
@@ -82,7 +84,7 @@ class Guard:
         given = request.headers.get("authorization", "")
         if given.lower().startswith("bearer ") and hmac.compare_digest(given[7:].strip().encode(), self.token.encode()):
             return True, False
-        cookie = request.cookies.get(COOKIE, "")
+        cookie = request.cookies.get(self.cookie_name, "")
         if cookie and hmac.compare_digest(cookie.encode(), self.cookie.encode()):
             return True, False
         query = request.query_params.get("token", "")
@@ -120,7 +122,7 @@ class Guard:
                 rest = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "token"]
                 target = request.url.path + ("?" + urlencode(rest) if rest else "")
                 response = RedirectResponse(target, status_code=303)
-                response.set_cookie(COOKIE, self.cookie, httponly=True, samesite="strict", path="/")
+                response.set_cookie(self.cookie_name, self.cookie, httponly=True, samesite="strict", path="/")
                 await response(scope, receive, send_with_headers)
                 return
         await self.app(scope, receive, send_with_headers)
@@ -317,8 +319,10 @@ def _not_found(what: str) -> Response:
 
 
 def create_app(catalog: Catalog, *, token: str | None = None, loopback_only: bool = True,
-               poll_seconds: float = 5.0, extra_hosts: Sequence[str] = ()) -> Starlette:
-    """The dashboard over ``catalog``. ``loopback_only``: refuse Host headers other than loopback names."""
+               poll_seconds: float = 5.0, extra_hosts: Sequence[str] = (), cookie_name: str = COOKIE) -> Starlette:
+    """The dashboard over ``catalog``. ``token``: required on every request (None only for tests and embedding:
+    the CLI always sets one). ``loopback_only``: refuse Host headers other than loopback names. ``cookie_name``:
+    per dashboard (the CLI adds the port), since browsers share cookies between the ports of one host."""
     d = Dashboard(catalog, poll_seconds)
     plotly_path = pages.plotly_js_path()
     plotly_gz: list[bytes] = []
@@ -346,7 +350,8 @@ def create_app(catalog: Catalog, *, token: str | None = None, loopback_only: boo
         Route(f"/static/plotly-{pages.plotly_version()}.min.js", plotly_js),
         Mount("/static", StaticFiles(directory=pages.static_dir()), name="static"),
     ]
-    middleware = [Middleware(Guard, token=token), Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
+    middleware = [Middleware(Guard, token=token, cookie_name=cookie_name),
+                  Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
     if loopback_only:
         middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=[*LOOPBACK_HOSTS, *extra_hosts]))
     return Starlette(routes=routes, middleware=middleware)
