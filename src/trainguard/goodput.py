@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard import resume
 from trainguard.clocks import estimate_offsets, reference_host
 from trainguard.errors import InputError
 from trainguard.eventlog import SkippedRecord, SkippedRecords, read_run
@@ -35,6 +36,8 @@ from trainguard.events import (
     StepSpan,
 )
 from trainguard.plausibility import ExcludedRecord, judge_records
+from trainguard.protocol import RunLayout
+from trainguard.resume import AttemptSteps, ResumePoint, Scenario
 from trainguard.rundir import LoadedEvent, RunDir
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,11 @@ class GoodputReport:
     """Readable but implausible records left out of the accounting, the first `LISTED` of them."""
     excluded_records_total: int = 0
     """How many records were excluded in all."""
+    resume_points: list[ResumePoint] = field(default_factory=list)
+    """Where each attempt with steps continued from, and how that is known (`trainguard.resume`)."""
+    lost_progress_unknown: dict[str, Any] | None = None
+    """When some attempt's resume point is unknown: those attempts, and the lost progress, ETTR and completed
+    steps had they started over (the report's own figures assume they did not redo anything)."""
 
     @property
     def ettr(self) -> float:
@@ -135,6 +143,8 @@ class GoodputReport:
             "skipped_records_total": self.skipped_records_total,
             "excluded_records": [r.to_json() for r in self.excluded_records],
             "excluded_records_total": self.excluded_records_total,
+            "resume_points": [p.to_json() for p in self.resume_points],
+            "lost_progress_unknown": self.lost_progress_unknown,
         }
 
 
@@ -165,6 +175,32 @@ def _blocks(records: list[Event], shift: dict[str, float]) -> list[_Block]:
         else:
             b.start, b.end = min(b.start, end - dur), max(b.end, end)
     return sorted(merged.values(), key=lambda b: (b.start, b.attempt, b.first))
+
+
+def _attempt_steps(records: list[Event], blocks: list[_Block]) -> list[AttemptSteps]:
+    """Each attempt's recorded step range and the numbering of its steps (a framework's wins over the rest)."""
+    numberings: dict[int, set[str]] = defaultdict(set)
+    for record in records:
+        if isinstance(record, StepCompleted):
+            numberings[record.attempt].add(record.numbering)
+        elif isinstance(record, StepSpan):
+            numberings[record.attempt].add("")
+    ranges: dict[int, tuple[int, int]] = {}
+    for b in blocks:
+        lo, hi = ranges.get(b.attempt, (b.first, b.last))
+        ranges[b.attempt] = (min(lo, b.first), max(hi, b.last))
+    out = []
+    for attempt, (lo, hi) in sorted(ranges.items()):
+        seen = numberings.get(attempt, {""})
+        numbering = next((n for n in ("framework", "script", "") if n in seen), min(seen))
+        out.append(AttemptSteps(attempt, numbering, lo, hi))
+    return out
+
+
+def _shifted(blocks: list[_Block], shift: dict[int, int]) -> list[_Block]:
+    """The blocks numbered as the run numbers its steps (each attempt's numbers plus its offset)."""
+    return [_Block(b.attempt, b.first + shift.get(b.attempt, 0), b.last + shift.get(b.attempt, 0), b.start, b.end)
+            for b in blocks]
 
 
 def _sweep(intervals: list[tuple[float, float, str, int]], lo: float, hi: float) -> dict[tuple[str, int], float]:
@@ -472,18 +508,24 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
     run_ended = next((record for record in records if isinstance(record, RunEnded)), None)
     if run_ended is None:
         warnings.append("the run has no run_ended record: accounted up to its last event")
-    blocks = _blocks(records, offsets)
-    run_start, run_end = _wall_span(records, blocks, clock, run_started, run_ended)
-    attempts = _collect_attempts(records, blocks, clock, run_start)
-
-    intervals, completed = _step_intervals(blocks, attempts.redo_from)
-    for attempt in attempts.numbers:
-        intervals.extend(_attempt_intervals(attempts, attempt, clock, run_start, run_end))
-    intervals.extend(_straggler_intervals(records, root, attempts.redo_from))
-    intervals.extend(_checkpoint_intervals(records, clock, attempts))
-    by_label, by_owner = _tally(_sweep(intervals, run_start, run_end))
+    raw_blocks = _blocks(records, offsets)
+    run_start, run_end = _wall_span(records, raw_blocks, clock, run_started, run_ended)
+    steps = _attempt_steps(records, raw_blocks)
+    points = resume.infer(steps, _loaded_steps(records), _evidence_finder(root, run_started, records, clock))
+    stragglers = _stragglers(records, root)
+    kept = resume.offsets(steps, points, Scenario.KEPT)
+    account = _account(records, _shifted(raw_blocks, kept), kept, stragglers, clock, run_start, run_end)
+    attempts, by_label, by_owner, completed = account
     interruptions = [found for found in (_interruption(attempts, attempt, clock, run_start, by_owner.get(attempt, 0.0))
                                          for attempt in attempts.numbers) if found is not None]
+    unknown_note = None
+    if resume.unknown(points):
+        redone = resume.offsets(steps, points, Scenario.REDONE)
+        _, redone_labels, _, redone_completed = _account(records, _shifted(raw_blocks, redone), redone, stragglers,
+                                                         clock, run_start, run_end)
+        unknown_note = _unknown_note(points, redone_labels, redone_completed, run_end - run_start)
+        warnings.append(_unknown_warning(points, by_label, unknown_note))
+    blocks = raw_blocks
 
     return GoodputReport(
         run_id=run_id or (run_started.run_id if run_started else ""),
@@ -504,21 +546,101 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
         skipped_records_total=skipped.total,
         excluded_records=excluded[:LISTED],
         excluded_records_total=len(excluded),
+        resume_points=[points[a] for a in sorted(points) if a != min(points)],
+        lost_progress_unknown=unknown_note,
     )
 
 
-def _straggler_intervals(records: list[Event], root: Any,
-                         redo_from: dict[int, float]) -> list[tuple[float, float, str, int]]:
-    """``[end - saved, end]`` of every kept step a named straggler slowed: the time it would not have taken."""
+def _account(records: list[Event], blocks: list[_Block], shift: dict[int, int], stragglers: list[Any],
+             clock: _ReferenceClock, run_start: float, run_end: float
+             ) -> tuple[_Attempts, dict[str, float], dict[int, float], int]:
+    """Cut the wall time with the steps numbered as ``blocks`` say: the attempts, seconds per label, seconds
+    per interrupted attempt, and the highest kept step."""
+    attempts = _collect_attempts(records, blocks, clock, run_start)
+    intervals, completed = _step_intervals(blocks, attempts.redo_from)
+    for attempt in attempts.numbers:
+        intervals.extend(_attempt_intervals(attempts, attempt, clock, run_start, run_end))
+    intervals.extend(_straggler_intervals(stragglers, attempts.redo_from, shift))
+    intervals.extend(_checkpoint_intervals(records, clock, attempts))
+    by_label, by_owner = _tally(_sweep(intervals, run_start, run_end))
+    return attempts, by_label, by_owner, completed
+
+
+def _loaded_steps(records: list[Event]) -> dict[int, int]:
+    """Attempt -> the lowest step its ``checkpoint_loaded`` records restored."""
+    out: dict[int, int] = {}
+    for record in records:
+        if isinstance(record, CheckpointLoaded):
+            out[record.attempt] = min(out.get(record.attempt, record.step), record.step)
+    return out
+
+
+def _evidence_finder(root: Path | None, run_started: RunStarted | None, records: list[Event],
+                     clock: _ReferenceClock) -> Any:
+    """Looks for the resume point of an attempt in its log files, then in the script's checkpoint files."""
+    if root is None:
+        return None
+    config = run_started.config if run_started is not None else {}
+    logs_root = config.get("logs_dir_override") if isinstance(config, dict) else None
+    layout = RunLayout(root, Path(logs_root) if isinstance(logs_root, str) and logs_root else None)
+    command = config.get("command") if isinstance(config, dict) else None
+    started = {r.attempt: clock.at(r) for r in records if isinstance(r, AttemptStarted)}
+    files: list[resume.CheckpointFile] | None = None
+
+    def more(steps: AttemptSteps, trained: int) -> resume.Evidence | None:
+        nonlocal files
+        logs = layout.logs_dir(steps.attempt)
+        paths = sorted(logs.glob("rank-*.log"), key=lambda p: (_rank_of(p.name), p.name))
+        found = resume.resume_in_logs(paths)
+        if found is not None or steps.attempt not in started or not isinstance(command, list):
+            return found
+        if files is None:
+            files = resume.checkpoint_files(resume.command_folders([str(c) for c in command], Path.cwd()))
+        return resume.resume_in_files(files, started[steps.attempt], trained)
+
+    return more
+
+
+def _rank_of(name: str) -> int:
+    digits = name.removeprefix("rank-").split(".", 1)[0]
+    return int(digits) if digits.isdigit() else 1 << 30
+
+
+def _unknown_note(points: dict[int, ResumePoint], redone: dict[str, float], redone_completed: int,
+                  wall: float) -> dict[str, Any]:
+    return {
+        "attempts": resume.unknown(points),
+        "lost_progress_seconds_max": redone["lost_progress"],
+        "ettr_min": redone[PRODUCTIVE] / wall if wall > 0 else 0.0,
+        "completed_steps_min": redone_completed,
+        "assumed": "kept: the attempts before them are counted as not redone",
+    }
+
+
+def _unknown_warning(points: dict[int, ResumePoint], kept: dict[str, float], note: dict[str, Any]) -> str:
+    parts = "; ".join(f"attempt {a}: {points[a].detail}" for a in note["attempts"])
+    return (f"lost progress is unknown ({parts}): the steps of the attempts before are counted as kept "
+            f"(lost progress {kept['lost_progress']:.1f} s); had the job started over there, lost progress would "
+            f"be {note['lost_progress_seconds_max']:.1f} s, ETTR {note['ettr_min']:.3f} and completed steps "
+            f"{note['completed_steps_min']}")
+
+
+def _stragglers(records: list[Event], root: Any) -> list[Any]:
+    """The named stragglers of the run (`trainguard.stragglers.analyze`); none when the analysis fails."""
     from trainguard.stragglers import analyze, read_arrivals
 
     try:
-        found = analyze(records, read_arrivals(root) if root is not None else None).stragglers
+        return list(analyze(records, read_arrivals(root) if root is not None else None).stragglers)
     except Exception as exc:  # the straggler bucket must never cost the rest of the report
         log.warning("straggler accounting skipped: %s", exc)
         return []
+
+
+def _straggler_intervals(found: list[Any], redo_from: dict[int, float],
+                         shift: dict[int, int]) -> list[tuple[float, float, str, int]]:
+    """``[end - saved, end]`` of every kept step a named straggler slowed: the time it would not have taken."""
     return [(end - saved, end, "straggler", attempt) for s in found for attempt, step, end, saved in s.saved_by_step
-            if saved > 0 and step < redo_from.get(attempt, float("inf"))]
+            if saved > 0 and step + shift.get(attempt, 0) < redo_from.get(attempt, float("inf"))]
 
 
 def _throughput(blocks: list[_Block], lo: float, hi: float, bins: int = 60) -> list[tuple[float, float]]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,6 +23,49 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
 """How often the event file is read: a line shows at most this long after the agent wrote it."""
+
+
+_DOUBLE_PREFIX = re.compile(r"^(\[rank(\d+)\]: ?)\[rank\2\]: ?", re.MULTILINE)
+"""A line that torch prefixed in the worker (``[rank1]: `` on tracebacks once a process group exists, and
+``[rank1]:`` on its C++ warnings) and that the console prefix of the same rank is put in front of again."""
+
+
+def collapse_rank_prefix(text: str) -> str:
+    """``[rank0]: [rank0]: Traceback`` -> ``[rank0]: Traceback``, on every line of ``text``; other lines unchanged."""
+    return _DOUBLE_PREFIX.sub(r"\1", text) if "]: [rank" in text or "]:[rank" in text else text
+
+
+class RankPrefixFilter:
+    """A text stream that passes everything on to ``stream`` with doubled rank prefixes collapsed.
+
+    The workers' lines reach the console through torch's log tailing, which writes each line as one
+    ``write`` of ``<prefix><line>`` to the supervisor's ``sys.stdout`` / ``sys.stderr``; torch in the
+    worker has often prefixed the line with the same rank already. Stateless per call, so the tailing
+    threads may write concurrently as they do to the stream itself.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(collapse_rank_prefix(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def single_rank_prefixes() -> Iterator[None]:
+    """While the workers run: ``sys.stdout`` and ``sys.stderr`` collapse doubled rank prefixes."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RankPrefixFilter(out), RankPrefixFilter(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
@@ -48,13 +93,25 @@ def _inprocess_line(record: InProcessRecovery) -> str:
 def run_ettr(run_dir: Path) -> float | None:
     """Effective training time ratio of the run from `trainguard.goodput`; None when it cannot be
     computed (no steps yet, a record it does not understand): the summary then says so."""
+    return ettr_text_parts(run_dir)[0]
+
+
+def ettr_text_parts(run_dir: Path) -> tuple[float | None, str]:
+    """The run's ETTR, and what the summary adds when the lost progress is unknown (an attempt's resume point
+    is: `trainguard.goodput.GoodputReport.lost_progress_unknown`), else ``""``."""
     try:
         from trainguard.goodput import compute_goodput
 
-        return float(compute_goodput(run_dir).ettr)
+        report = compute_goodput(run_dir)
     except Exception as exc:  # an accounting problem must not turn a finished run into an error
         log.debug("goodput of %s: %s", run_dir, exc)
-        return None
+        return None, ""
+    note = report.lost_progress_unknown
+    if not note:
+        return float(report.ettr), ""
+    attempts = ",".join(str(a) for a in note["attempts"])
+    return float(report.ettr), (f" (lost progress unknown: attempt {attempts} resumed from an unknown step; "
+                                f"ETTR at least {note['ettr_min']:.3f}; see trainguard report)")
 
 
 class Console:
@@ -146,8 +203,8 @@ class Console:
         """The closing lines: how it ended, steps, restarts, ETTR, and faults that never fired."""
         restarts = max(0, int(result.attempts) - 1)
         steps = "no step completed" if result.completed_steps is None else f"{result.completed_steps} steps"
-        ettr = run_ettr(self.cfg.run_dir) if not self.quiet else None
-        ettr_text = f"ETTR {ettr:.3f}" if ettr is not None else "ETTR n/a"
+        ettr, unknown = ettr_text_parts(self.cfg.run_dir) if not self.quiet else (None, "")
+        ettr_text = f"ETTR {ettr:.3f}{unknown}" if ettr is not None else "ETTR n/a"
         text = (f"summary: {result.status} ({result.reason}); {steps}, {restarts} "
                 f"restart{'s' if restarts != 1 else ''}, {ettr_text}; run dir {self.cfg.run_dir}")
         self.line(text, always=result.status not in ("completed",))

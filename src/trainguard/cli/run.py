@@ -164,6 +164,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
     when the folders cannot be created. ``check_input`` runs after the usage checks and before the
     folders are made (input errors, exit 3, come after usage errors)."""
     from trainguard import chaos
+    from trainguard.health.drain import settings_from_args as drain_settings
     from trainguard.launch import SupervisorConfig, WatchdogConfig
     from trainguard.launch.supervisor import free_port
     from trainguard.names import check_name
@@ -214,6 +215,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
             in_process_timeout_seconds=float(getattr(args, "in_process_timeout", 30.0)),
             warm_spares=int(getattr(args, "warm_spares", 0)),
             fresh_processes=bool(getattr(args, "fresh_processes", False)),
+            drain=drain_settings(args),
         )
     except ValueError as exc:
         raise usage_error(exc) from None
@@ -285,7 +287,7 @@ def quiet_torch_logs(verbose: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.console import Console
+    from trainguard.cli.console import Console, single_rank_prefixes
     from trainguard.cli.output import print_json
 
     for dest, why in REFUSED_OPTIONS.items():
@@ -310,6 +312,10 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.launch.supervisor import supervise
 
     quiet_torch_logs(getattr(args, "verbose", 0))
+    if getattr(args, "no_framework_adapters", False):
+        from trainguard.worker.frameworks import ENV
+
+        os.environ[ENV] = "0"  # the workers inherit the supervisor's environment
     # Agents of a multi-node job often share one terminal (srun, the multi-node demo): name the node.
     console = Console(cfg, quiet=args.quiet,
                       label="trainguard" if cfg.max_nodes == 1 else f"trainguard[{cfg.node_id}]")
@@ -323,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # With --json, stdout carries exactly one JSON document: the workers' stdout lines that torch
         # tails onto the console go to stderr instead.
-        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        # torch prefixes tracebacks and its C++ warnings with the rank in the workers: one prefix on the console.
+        with single_rank_prefixes(), contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             result = supervise(cfg)
     finally:
         console.stop()

@@ -146,6 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--no-auto-instrument", action="store_true",
                      help="load nothing of trainguard into the workers (crash detection only for scripts "
                           "that never call trainguard.attach())")
+    own.add_argument("--no-framework-adapters", action="store_true",
+                     help="no Hugging Face / Lightning Trainer callbacks in the workers (TRAINGUARD_FRAMEWORKS=0): "
+                          "steps come from the optimizer hooks alone")
     own.add_argument("--in-process", action="store_true",
                      help="after a failure replace only the failed ranks; the others re-enter their "
                           "trainguard.worker.inprocess.restartable function (one node; docs/run.md)")
@@ -156,6 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--fresh-processes", action="store_true",
                      help="with --in-process: after a failure give every rank a new process (warm spares first) "
                           "instead of re-entering the survivors' function")
+    from trainguard.health.drain import add_run_arguments as add_drain_arguments
+
+    add_drain_arguments(own)
     add_common(own)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="script.py [args] (or -- script.py [args]; a module with -m, a program with --no-python)")
