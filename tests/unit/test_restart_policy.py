@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 
 
@@ -41,3 +43,46 @@ def test_spent_budget_stops_with_its_own_reason() -> None:
     rule = NoProgressRule(max_no_progress_attempts=3, max_restarts=2)
     d = rule.on_failure(AttemptOutcome(4, None), restarts_left=0)
     assert d.stop and d.reason == "restart budget spent (2 restarts)"
+
+
+def test_a_framework_checkpoint_is_progress_and_global_steps_resuming_further_each_time_are_too() -> None:
+    # A Hugging Face Trainer under its adapter: crashed at 200 (checkpoint-150), then 120 steps into each attempt.
+    # Its global steps go 199 -> 269 -> 369 -> 469: every attempt is progress (no "no progress" stop).
+    rule = NoProgressRule(max_no_progress_attempts=3, max_restarts=5)
+    for best, saved in ((199, 150), (269, 250), (369, 350), (469, 450)):
+        d = rule.on_failure(AttemptOutcome(best, None, framework_checkpoint=saved), restarts_left=3)
+        assert d.progressed and not d.stop
+    # The same global step again, but the framework saved a newer checkpoint: still progress.
+    rule = NoProgressRule(max_no_progress_attempts=1, max_restarts=5)
+    rule.on_failure(AttemptOutcome(100, None, framework_checkpoint=90), restarts_left=3)
+    assert rule.on_failure(AttemptOutcome(100, None, framework_checkpoint=100), restarts_left=3).progressed
+    d = rule.on_failure(AttemptOutcome(100, None, framework_checkpoint=100), restarts_left=3)
+    assert d.stop and d.reason is not None and "framework's: 100" in d.reason
+
+
+def test_framework_checkpoints_are_read_from_the_ranks_event_files(tmp_path: Path) -> None:
+    from trainguard.eventlog import EventWriter
+    from trainguard.events import CheckpointSaveFinished, StepCompleted
+    from trainguard.launch.framework_progress import FrameworkCheckpoints
+    from trainguard.protocol import RunLayout
+
+    layout = RunLayout(tmp_path)
+    reader = FrameworkCheckpoints(layout)
+    assert reader.latest() is None
+
+    def save(rank: int, step: int, framework: str, ok: bool = True) -> CheckpointSaveFinished:
+        return CheckpointSaveFinished(time=1.0, attempt=0, rank=rank, step=step, blocking_seconds=0.1,
+                                      total_seconds=0.1, ok=ok, framework=framework)
+
+    with EventWriter(layout.rank_events(0)) as w:
+        w.write(StepCompleted(time=1.0, attempt=0, rank=0, step=10, duration_seconds=0.1, numbering="framework"))
+        w.write(save(0, 10, "transformers"))
+        w.write(save(0, 40, ""))  # trainguard's own checkpointer: counted through latest_checkpoint instead
+    assert reader.latest() == 10
+    with EventWriter(layout.rank_events(1)) as w:
+        w.write(save(1, 20, "lightning"))
+        w.write(save(1, 30, "lightning", ok=False))
+    assert reader.latest() == 20
+    with EventWriter(layout.rank_events(0)) as w:
+        w.write(save(0, 25, "transformers"))
+    assert reader.latest() == 25
