@@ -2,12 +2,16 @@
 
 Pages carry their data as JSON in a ``<script type="application/json">`` block and draw it with the
 same script (static/trainguard.js), so the dashboard and ``report --html`` show the same plots. The HTML
-report inlines plotly.js, that script and the style sheet, so it opens without a network.
+report inlines plotly.js, that script and the style sheet, so it opens without a network, and carries its
+own Content-Security-Policy (`report_csp`): a file opened from disk has no server to send one, and nothing
+in it may reach the network even if something tried.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib.util
 import json
 from importlib import resources
@@ -65,7 +69,6 @@ def environment() -> Any:
     )
     # |tojson escapes <, >, & and ' so the data cannot close its <script> block.
     env.policies["json.dumps_function"] = dumps
-    env.globals["inline_script"] = inline_script
     return env
 
 
@@ -82,8 +85,22 @@ def _asset(name: str) -> str:
 
 
 @functools.cache
-def _plotly_js() -> str:
-    return plotly_js_path().read_text(encoding="utf-8")
+def _inline_scripts() -> tuple[Any, Any, str]:
+    """plotly.js and the page script as placed inside the HTML report, and the policy that lets only them run."""
+    scripts = (inline_script(plotly_js_path().read_text(encoding="utf-8")), inline_script(_asset("trainguard.js")))
+    return scripts[0], scripts[1], report_csp(scripts)
+
+
+def _hash_source(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def report_csp(scripts: tuple[str, ...]) -> str:
+    """The HTML report's policy: nothing from the network, of any kind; only these inline scripts run (by hash,
+    so a script element that run data smuggled in would not), inline styles (plotly sets them), data: and
+    blob: images (plotly's icons and image export)."""
+    return ("default-src 'none'; script-src " + " ".join(_hash_source(s) for s in scripts)
+            + "; style-src 'unsafe-inline'; img-src data: blob:; font-src data:; base-uri 'none'; form-action 'none'")
 
 
 def render(template: str, **context: Any) -> str:
@@ -91,7 +108,12 @@ def render(template: str, **context: Any) -> str:
     inline = bool(context.pop("inline", False))
     assets: dict[str, Any] = {"inline": inline}
     if inline:
-        assets |= {"css_text": _asset("trainguard.css"), "app_js": _asset("trainguard.js"), "plotly_js": _plotly_js()}
+        from markupsafe import Markup
+
+        plotly_script, app_script, csp = _inline_scripts()
+        # The policy is ours (hashes and fixed words, no quote mark): written as is, to stay readable in the file.
+        assets |= {"css_text": _asset("trainguard.css"), "plotly_script": plotly_script, "app_script": app_script,
+                   "report_csp": Markup(csp)}
     else:
         assets |= {"plotly_url": f"/static/plotly-{plotly_version()}.min.js"}
     return str(environment().get_template(template).render(**assets, **context))

@@ -1,5 +1,7 @@
 /* trainguard dashboard and HTML report: draws a page from its JSON data block with plotly.js.
-   Tables are built with DOM calls and textContent only, so nothing from a run's events is ever parsed as HTML. */
+   Tables are built with DOM calls and textContent only, so nothing from a run's events is ever parsed as HTML.
+   Plotly does parse its strings (a subset of HTML: <a href>, <b>, <br>, <span style>), so every text from run
+   data that reaches a plot (trace names, hover text, labels) goes through plain() first. */
 (function () {
   "use strict";
 
@@ -58,6 +60,12 @@
     rows.forEach(function (r) { fresh.appendChild(r); });
     table.replaceChild(fresh, body);
   }
+  // Plotly splits a string into tags and text, then decodes entities in the text only: with <, > and & as
+  // entities, host names, failure kinds and errors are drawn as the characters they are, never as markup.
+  function plain(s) {
+    if (s === null || s === undefined) return s;
+    return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
   function safeHref(url) {
     // Only our own relative links or http(s); never javascript: URLs from data.
     return /^(https?:\/\/|\/|\.{0,2}[A-Za-z0-9_.@%-])/.test(url) && !/^javascript:/i.test(url) ? url : "#";
@@ -114,7 +122,7 @@
       var crowded = c.count > 300 && ["checkpoints", "failed_checkpoints", "restores"].indexOf(m[0]) >= 0;
       traces.push({
         visible: crowded ? "legendonly" : true,
-        name: m[1], type: "scatter", mode: "markers", x: c.t.map(d), y: c.step, hovertext: c.label,
+        name: m[1], type: "scatter", mode: "markers", x: c.t.map(d), y: c.step, hovertext: c.label.map(plain),
         hovertemplate: "%{x}<br>%{hovertext}<extra></extra>", meta: { kind: m[0], count: c.count },
         marker: { symbol: m[2], size: m[3], color: COLORS[m[0]], line: { width: 1.5, color: COLORS[m[0]] } }
       });
@@ -137,7 +145,7 @@
   function renderWaterfall(view) {
     var r = view.report, wall = r.wall_seconds || 1;
     var order = view.bucket_order;
-    var x = ["wall time"].concat(order.map(function (b) { return view.bucket_labels[b]; })).concat(["productive"]);
+    var x = ["wall time"].concat(order.map(function (b) { return plain(view.bucket_labels[b]); })).concat(["productive"]);
     var y = [r.wall_seconds].concat(order.map(function (b) { return -r.badput_seconds[b]; })).concat([0]);
     var text = [fmtSeconds(r.wall_seconds)].concat(order.map(function (b) {
       var s = r.badput_seconds[b];
@@ -219,13 +227,13 @@
     var traces = [];
     if (s.heatmap) {
       traces.push({ type: "heatmap", name: "own step time / median", x: s.heatmap.t.map(d),
-                    y: s.heatmap.ranks.map(function (r) { return "rank " + r; }), z: s.heatmap.z, zmid: 1,
+                    y: s.heatmap.ranks.map(function (r) { return plain("rank " + r); }), z: s.heatmap.z, zmid: 1,
                     colorscale: "RdBu", colorbar: { title: { text: "x median" } },
                     hovertemplate: "%{y}<br>%{x}<br>x%{z:.2f}<extra></extra>" });
     }
     traces.push({ type: "scatter", mode: "markers", name: "straggler named", x: s.detections.map(function (x) { return d(x.t); }),
-                  y: s.detections.map(function (x) { return "rank " + x.rank; }),
-                  hovertext: s.detections.map(function (x) { return "rank " + x.rank + " x" + (x.slowdown || 1).toFixed(2); }),
+                  y: s.detections.map(function (x) { return plain("rank " + x.rank); }),
+                  hovertext: s.detections.map(function (x) { return plain("rank " + x.rank + " x" + (x.slowdown || 1).toFixed(2)); }),
                   hovertemplate: "%{hovertext}<extra></extra>",
                   marker: { symbol: "x", size: 12, color: "#111", line: { width: 2 } } });
     return plot("straggler-heatmap", traces, { xaxis: { type: "date" }, yaxis: { type: "category", title: { text: "rank" } } });
@@ -241,9 +249,10 @@
     tm.series.forEach(function (s, i) {
       panels.forEach(function (p) {
         if (!s[p[0]].some(function (v) { return v !== null; })) return;
-        traces.push({ type: "scatter", mode: "lines", name: s.name, legendgroup: s.name, showlegend: p[0] === "temperature_c" ||
+        // The name (host/device) is substituted by plotly, not spliced into the template, so a "%{...}" in it stays text.
+        traces.push({ type: "scatter", mode: "lines", name: plain(s.name), legendgroup: s.name, showlegend: p[0] === "temperature_c" ||
                       !s.temperature_c.some(function (v) { return v !== null; }), x: s.t.map(d), y: s[p[0]], yaxis: p[2],
-                      line: { width: 1.2 }, hovertemplate: s.name + "<br>%{x}<br>%{y} " + p[1].split(" ")[1] + "<extra></extra>" });
+                      line: { width: 1.2 }, hovertemplate: "%{fullData.name}<br>%{x}<br>%{y} " + p[1].split(" ")[1] + "<extra></extra>" });
       });
     });
     return plot("telemetry", traces, {
