@@ -32,6 +32,7 @@ from trainguard.errors import (
     UnsupportedTorchError,
     UsageError,
 )
+from trainguard.report.inert import for_terminal
 
 # Order shown in --help. Every verb listed has its module here (tests/unit/test_cli_verbs.py checks it).
 VERBS = (
@@ -94,18 +95,27 @@ def _storage_errno(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+class _InertFormatter(logging.Formatter):
+    """Log lines quote run data (host names, paths, record fields): made inert for the terminal like all output."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return for_terminal(super().format(record))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="trainguard: %(levelname)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_InertFormatter("trainguard: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     if not args.verb:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
         return int(args._run(args))
     except TrainguardError as exc:
-        print(f"trainguard {args.verb}: error: {exc}", file=sys.stderr)
+        print(for_terminal(f"trainguard {args.verb}: error: {exc}"), file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"trainguard {args.verb}: interrupted", file=sys.stderr)
@@ -119,15 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         code = EXIT_STORAGE if _storage_errno(exc) else EXIT_INPUT
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"trainguard {args.verb}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(for_terminal(f"trainguard {args.verb}: error: {exc.strerror or exc}{where}"), file=sys.stderr)
         return code
     except Exception as exc:
         if args.debug:
             raise
         log.debug("internal error", exc_info=True)
         print(
-            f"trainguard {args.verb}: internal error: {exc.__class__.__name__}: {exc} "
-            "(rerun with --debug for the traceback)",
+            for_terminal(f"trainguard {args.verb}: internal error: {exc.__class__.__name__}: {exc} "
+                         "(rerun with --debug for the traceback)"),
             file=sys.stderr,
         )
         return EXIT_INTERNAL

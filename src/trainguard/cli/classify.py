@@ -49,7 +49,7 @@ def _render(c: Classification) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.classify import DEFAULT_MAX_BYTES, classify_paths, load_rules
-    from trainguard.cli.output import print_json
+    from trainguard.cli.output import print_json, print_text
 
     max_bytes = DEFAULT_MAX_BYTES if args.max_bytes is None else args.max_bytes
     if max_bytes < 0:
@@ -60,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([c.to_json() for c in results])
     else:
-        print("\n\n".join(_render(c) for c in results))
+        print_text("\n\n".join(_render(c) for c in results))
     return 0

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from trainguard.eventlog import EventFollower
 from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, InProcessRecovery, NodeExcluded
+from trainguard.report.inert import for_terminal
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +134,12 @@ class Console:
     # --- output ---------------------------------------------------------------------------------
 
     def line(self, text: str, *, always: bool = False) -> None:
-        """One line ``<label>: text``; ``always``: even when quiet (errors)."""
+        """One line ``<label>: text``; ``always``: even when quiet (errors). The text carries run data (failure
+        details, host names, reasons), so it is made inert for the terminal first."""
         if self.quiet and not always:
             return
         with self._lock, contextlib.suppress(OSError, ValueError):  # a closed console must not stop the run
-            self.stream.write(f"{self.label}: {text}\n")
+            self.stream.write(f"{self.label}: {for_terminal(text)}\n")
             self.stream.flush()
 
     def describe(self, record: Event) -> str | None:

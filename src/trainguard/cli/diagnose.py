@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import Progress, print_json
+    from trainguard.cli.output import Progress, print_json, print_text
     from trainguard.localize import diagnose_path, load_rank_map, render_text
     from trainguard.localize.reader import MAX_RANK
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json())
     else:
-        print(render_text(report, verbose=args.verbose_evidence))
+        print_text(render_text(report, verbose=args.verbose_evidence))
     # "incomplete" (a rank could not be read) and "insufficient-evidence" (the dumps lack records that
     # could show a problem) are never success: health was not established
     return EXIT_OK if report.verdict == "healthy" else EXIT_FAILURE

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import print_json
+    from trainguard.cli.output import print_json, print_text
     from trainguard.fleetdb import FleetDB, default_db_path
     from trainguard.lemon import LemonPolicy, rank_hosts
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     for s in scores:
         seen = dt.datetime.fromtimestamp(s.last_seen, dt.UTC).strftime("%Y-%m-%d %H:%M")
         flag = "LEMON" if s.flagged else ""
-        print(f"{s.host:<{width}}  {s.score:6.2f}  {flag:5} {s.incidents:9d}  {seen}  {'; '.join(s.reasons)}")
+        print_text(f"{s.host:<{width}}  {s.score:6.2f}  {flag:5} {s.incidents:9d}  {seen}  {'; '.join(s.reasons)}")
     print(f"(flagged: score >= {threshold:g} and >= {policy.min_incidents} separate incidents; "
           f"half-life {half_life:g} days)")
     return 0

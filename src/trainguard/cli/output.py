@@ -1,11 +1,13 @@
-"""Shared output helpers for verbs: JSON on stdout, progress on stderr."""
+"""Shared output helpers for verbs: JSON on stdout, text made inert for a terminal, progress on stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
+
+from trainguard.report.inert import for_terminal
 
 
 def print_json(obj: Any) -> None:
@@ -13,6 +15,12 @@ def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def print_text(text: str, *, file: TextIO | None = None) -> None:
+    """Human-readable output that carries run data (log lines, host names, details): escape sequences in it
+    cannot act on the reader's terminal (`trainguard.report.inert.for_terminal`)."""
+    print(for_terminal(text), file=file if file is not None else sys.stdout)
 
 
 class Progress:

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import print_json
+    from trainguard.cli.output import print_json, print_text
     from trainguard.goodput import compute_goodput
     from trainguard.report.terminal import render_report
     from trainguard.report.thermal_power import render_text, run_sections
@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
         from trainguard.report.html import write_html
 
         written = write_html(args.run_dir, args.html, report)
-        print(f"trainguard report: HTML report written to {written}", file=sys.stderr)
+        print_text(f"trainguard report: HTML report written to {written}", file=sys.stderr)
     extra = run_sections(args.run_dir)
     if args.json:
         print_json({**report.to_json(), **extra})
     else:
-        print("\n".join([render_report(report), *render_text(extra)]))
+        print_text("\n".join([render_report(report), *render_text(extra)]))
     return EXIT_OK

@@ -89,11 +89,11 @@ def _r(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import print_json
+    from trainguard.cli.output import print_json, print_text
 
     doc = build(args.run_dir, args.window_steps, args.min_slowdown)
     if args.json:
         print_json(doc)
     else:
-        print(render(doc))
+        print_text(render(doc))
     return EXIT_OK
