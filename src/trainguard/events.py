@@ -341,6 +341,44 @@ class NodeExcluded(Event):
     """Spare node that took its place, if any."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeDrained(Event):
+    """The drain policy acted on a node-level verdict: it drained the node in the scheduler, or decided not to
+    (`trainguard.health.drain`, docs/operations.md). ``host`` is the agent that decided."""
+
+    TYPE: ClassVar[str] = "node_drained"
+    node: str
+    status: str
+    """``drained`` (the scheduler took it), ``refused`` (the rate limit said no), ``failed`` (the scheduler
+    could not be told) or ``already-drained`` (someone drained it before; nothing changed)."""
+    cause: str = ""
+    """The verdict: ``hardware`` (a GPU, host or network root cause naming this host), ``health`` (a failed
+    high-severity check), ``lost`` (the node stopped beating) or ``lemon`` (fleet history)."""
+    reason: str = ""
+    """The reason given to the scheduler (``trainguard: Xid 79 GPU 0000:18:00, run R attempt 2``)."""
+    scheduler: str = ""
+    """``slurm`` or ``kubernetes``."""
+    attempt: int | None = None
+    detail: str = ""
+    """Why it was refused or failed; for ``drained``, the rate-limit arithmetic."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReturned(Event):
+    """``trainguard health --return-node`` resumed a node trainguard had drained, after it passed its checks."""
+
+    TYPE: ClassVar[str] = "node_returned"
+    node: str
+    scheduler: str = ""
+    passes: int = 0
+    """Consecutive passing health checks before the return."""
+    drained_reason: str = ""
+    """The reason the node had been drained with."""
+    drained_since: float | None = None
+    """When it was drained (Unix seconds), as the scheduler said."""
+    detail: str = ""
+
+
 # --- stragglers and telemetry ---------------------------------------------------------------------
 
 
@@ -431,6 +469,8 @@ RECORD_TYPES: dict[str, type[Event]] = {
         Diagnosis,
         HealthCheckResult,
         NodeExcluded,
+        NodeDrained,
+        NodeReturned,
         StragglerDetected,
         StragglerAction,
         TelemetrySample,

@@ -32,7 +32,9 @@ from trainguard.events import (
     Event,
     FailureDetected,
     HealthCheckResult,
+    NodeDrained,
     NodeExcluded,
+    NodeReturned,
     RunEnded,
     RunStarted,
 )
@@ -83,7 +85,11 @@ LEGACY_PREFIX = "legacy:"
 """Key prefix of runs carried over from the first layout (keyed by folder name); such a run is replaced
 when its folder is indexed again."""
 
-HOST_KINDS = ("culprit", "failure", "excluded", "check_failed", "failed_attempt_member", "xid")
+HOST_KINDS = ("culprit", "failure", "excluded", "check_failed", "failed_attempt_member", "xid", "drained",
+              "drain_refused", "drain_failed", "returned")
+DRAIN_KINDS = ("drained", "drain_refused", "drain_failed", "returned")
+"""Host history of the drain policy (`trainguard.health.drain`): never scored as lemon evidence themselves."""
+_DRAIN_STATUS_KINDS = {"drained": "drained", "refused": "drain_refused", "failed": "drain_failed"}
 # sqlite error names (Python 3.11+ puts them on the exception) that mean "this file is not a usable
 # database"; every other failure of the engine (full, read-only, I/O, locked, cannot open) is storage.
 _BAD_FILE_ERRORS = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
@@ -174,6 +180,8 @@ _FIELDS: dict[type[Event], dict[str, str]] = {
     FailureDetected: {"kind": _STR, "hosts": _STRS},
     NodeExcluded: {"node": _STR, "reason": _STR},
     HealthCheckResult: {"name": _STR, "severity": _STR, "ok": _BOOL, "skipped": _BOOL},
+    NodeDrained: {"node": _STR, "status": _STR, "reason": _STR, "detail": _STR},
+    NodeReturned: {"node": _STR, "drained_reason": _STR},
 }
 
 
@@ -278,6 +286,11 @@ def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str
             yield (_text(e.node), run_uid, t, "excluded", _text(e.reason), w, n)
         elif isinstance(e, HealthCheckResult) and not e.ok and not e.skipped:
             yield (_text(e.host), run_uid, t, "check_failed", _text(f"{e.name} ({e.severity})"), w, n)
+        elif isinstance(e, NodeDrained) and e.status in _DRAIN_STATUS_KINDS:
+            detail = e.reason if e.status == "drained" else f"{e.reason} [{e.detail}]"
+            yield (_text(e.node), run_uid, t, _DRAIN_STATUS_KINDS[e.status], _text(detail), w, n)
+        elif isinstance(e, NodeReturned):
+            yield (_text(e.node), run_uid, t, "returned", _text(e.drained_reason), w, n)
         elif isinstance(e, AttemptEnded) and e.reason == "failure":
             for h in attempt_hosts.get(e.attempt, ()):
                 yield (_text(h), run_uid, t, "failed_attempt_member", f"attempt {e.attempt}", w, n)
@@ -497,6 +510,10 @@ class FleetDB:
         with self._reading() as db:
             cur = db.execute("SELECT DISTINCT host FROM host_history ORDER BY host")
             return [h for (h,) in cur.fetchall()]
+
+    def drain_history(self, host: str | None = None) -> list[HostRecord]:
+        """The drain policy's records (`DRAIN_KINDS`), oldest first: drained, refused, failed, returned."""
+        return [r for r in self.host_history(host) if r.kind in DRAIN_KINDS]
 
     def host_history(self, host: str | None = None) -> list[HostRecord]:
         sql = "SELECT host, run_uid, time, kind, detail FROM host_history"

@@ -6,8 +6,12 @@ import argparse
 import re
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.errors import EXIT_FAILURE, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from trainguard.health import HealthConfig
 
 HELP = "check this node (disks, memory, clock, rendezvous, torch, GPUs); exit 1 on a high-severity failure"
 
@@ -27,13 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="limit for each blocking probe (default 5)")
     parser.add_argument("--record", action="store_true",
                         help="also append the results as events to <run-dir>/events/health-<node>.jsonl")
+    nodes = parser.add_argument_group("drained nodes (docs/operations.md)")
+    nodes.add_argument("--return-node", metavar="NODE",
+                       help="run on NODE: resume it in the scheduler after --passes consecutive passing checks; "
+                            "refused (exit 3) unless trainguard drained it")
+    nodes.add_argument("--passes", type=int, default=3, metavar="N",
+                       help="with --return-node: consecutive passing check rounds needed (default 3)")
+    nodes.add_argument("--pass-interval", type=float, default=60.0, metavar="SECONDS",
+                       help="with --return-node: seconds between check rounds (default 60)")
+    nodes.add_argument("--drained", action="store_true",
+                       help="list the scheduler's drained nodes and whether trainguard drained them")
+    nodes.add_argument("--scheduler", default="auto", metavar="NAME",
+                       help="auto (default: Slurm with scontrol on the PATH, Kubernetes inside a pod), slurm, "
+                            "kubernetes")
+    nodes.add_argument("--db", type=Path, help="fleet database the return is recorded in (default: $TRAINGUARD_DB "
+                                               "or ~/.local/share/trainguard/fleet.db)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import print_json
-    from trainguard.health import HealthConfig, healthy, parse_endpoint, run_checks
+def _config(args: argparse.Namespace, node: str) -> HealthConfig:
+    from trainguard.health import HealthConfig, parse_endpoint
 
-    node = args.node or socket.gethostname()
     if not node.strip():
         raise UsageError("--node must not be empty")
     if args.rdzv_endpoint is not None:
@@ -49,10 +66,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be in (0, 600] seconds")
     if args.record and args.run_dir is None:
         raise UsageError("--record needs --run-dir")
-    config = HealthConfig(
+    return HealthConfig(
         node=node, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, rdzv_endpoint=args.rdzv_endpoint,
         torch_checks=not args.no_torch, gpu_checks=not args.no_gpu, expected_gpus=args.expected_gpus,
         min_free_bytes=int(args.min_free_gib * 2**30), timeout_seconds=args.timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainguard.cli.output import print_json
+    from trainguard.health import healthy, run_checks
+
+    if args.return_node is not None or args.drained:
+        from trainguard.cli.health_nodes import run_nodes
+
+        return run_nodes(args, _config)
+    node = args.node or socket.gethostname()
+    config = _config(args, node)
     results = run_checks(config)
     if args.record:
         from trainguard.rundir import RunDir

@@ -19,6 +19,7 @@ from trainguard.chaos import Fault
 from trainguard.errors import TrainguardError
 from trainguard.eventlog import iter_events
 from trainguard.events import NODE_FAULT_RANK, AttemptEnded, Event, FaultInjected, HealthCheckResult, NodeExcluded
+from trainguard.health import drain
 from trainguard.launch import nodes
 from trainguard.launch.config import SupervisorConfig
 from trainguard.protocol import RunLayout
@@ -63,7 +64,9 @@ def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event
                                    detail=r.detail, skipped=r.skipped, attempt=attempt))
             if not r.ok and not r.skipped and r.severity == "high":
                 bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
-    bad.extend(lemon_reasons(cfg))
+    lemon = lemon_reasons(cfg)
+    drain.after_admission(cfg, attempt, bad, bool(lemon), emit)  # --drain-bad-nodes (`trainguard.health.drain`)
+    bad.extend(lemon)
     bad.extend(nodes.lost_reasons(cfg.run_dir, cfg.node_id))
     return bad
 

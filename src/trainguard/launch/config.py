@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UsageError
+from trainguard.health.drain import DrainSettings
 from trainguard.launch.watchdog import WatchdogConfig
 from trainguard.names import check_name
 from trainguard.protocol import RunLayout
@@ -108,6 +109,9 @@ class SupervisorConfig:
     signals_to_handle: str | None = None
     """torchrun's ``--signals-to-handle``: comma-separated signal names the agent forwards to the workers
     (None: torch's default, SIGTERM,SIGINT,SIGHUP,SIGQUIT). Applied by `supervise` for its run only."""
+    drain: DrainSettings | None = None
+    """``--drain-bad-nodes``: drain nodes in the scheduler on node-level verdicts (`trainguard.health.drain`);
+    None: never touch the scheduler."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -239,6 +243,8 @@ def _check_optional(cfg: SupervisorConfig) -> None:
                              f"got {value!r}")
     if cfg.signals_to_handle is not None:
         parse_signals(cfg.signals_to_handle)
+    if cfg.drain is not None and not isinstance(cfg.drain, DrainSettings):
+        raise ValueError(f"drain must be None or a DrainSettings, got {type(cfg.drain).__name__}")
     if cfg.in_process and cfg.max_nodes > 1:
         raise ValueError("in_process supports one node only (its store lives in this node's agent), "
                          f"got max_nodes {cfg.max_nodes}")

@@ -17,6 +17,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 
 from trainguard.events import Diagnosis, Event, FailureDetected
+from trainguard.health import drain
 from trainguard.launch import blame, evidence, nodes
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.store_auth import StoreSigner
@@ -185,10 +186,12 @@ class FailureRecorder:
         if category == "Unknown":
             note += if_unknown  # say why nothing was found rather than only "Unknown"
         blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
-        self.emit(Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=attempt, category=category,
-                            group=group, verdict=verdict, culprit_ranks=tuple(blamed),
-                            culprit_hosts=self.hosts_of(attempt, blamed), confidence=confidence,
-                            explanation=explanation + note, evidence=(*ev.files, *lines)))
+        diagnosis = Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=attempt, category=category,
+                              group=group, verdict=verdict, culprit_ranks=tuple(blamed),
+                              culprit_hosts=self.hosts_of(attempt, blamed), confidence=confidence,
+                              explanation=explanation + note, evidence=(*ev.files, *lines))
+        self.emit(diagnosis)
+        drain.after_diagnosis(self.cfg, diagnosis, self.emit)  # --drain-bad-nodes: a hardware root cause
 
     def record_node_lost(self, attempt: int, lost: list[nodes.LostNode], wall: float, step: int | None) -> None:
         """``FailureDetected`` (kind ``node-lost``), a ``Diagnosis``, and ``NodeExcluded`` for each lost node,
@@ -202,3 +205,4 @@ class FailureRecorder:
         failure, *others = nodes.lost_records(self.cfg.layout, self.cfg.node_id, attempt, lost, wall, step,
                                               self.cfg.node_lost_timeout_seconds)
         self.add(failure, *others)
+        drain.after_lost(self.cfg, attempt, [n.node for n in lost], self.emit)  # --drain-bad-nodes
