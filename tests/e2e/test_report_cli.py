@@ -189,3 +189,16 @@ def test_index_into_unwritable_location(tmp_path: Path) -> None:
     blocker.write_text("x")
     r = trainguard("index", str(SAMPLE_RUN), "--db", str(blocker / "sub" / "fleet.db"))
     assert_one_line_error(r, 4)
+
+
+def test_html_writes_the_file_and_prints_no_terminal_report(tmp_path: Path) -> None:
+    import importlib.util
+
+    if not (importlib.util.find_spec("jinja2") and importlib.util.find_spec("plotly")):
+        pytest.fail("the web extra (jinja2, plotly) is part of the test environment")
+    page = tmp_path / "r.html"
+    res = trainguard("report", str(SAMPLE_RUN), "--html", str(page))
+    assert res.code == 0, res.err
+    assert page.read_text().startswith("<!DOCTYPE html") or "<html" in page.read_text()[:500]
+    assert res.out == ""
+    assert res.err.strip().splitlines() == [f"trainguard report: HTML report written to {page}"]

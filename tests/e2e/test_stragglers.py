@@ -13,7 +13,7 @@ import pytest
 from tests.e2e._run_helpers import ROOT, TINY_DEMO, events, of_type, trainguard
 
 PLAIN_DDP = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
-STEPS = 50
+STEPS = 90
 
 
 def _plain(run_dir: Path, inject: str) -> None:
@@ -45,8 +45,9 @@ def test_unmodified_script_slow_rank_is_named_with_a_cost_close_to_the_measured_
     assert [s["rank"] for s in slow["stragglers"]] == [1], slow
     first = slow["stragglers"][0]
     assert first["signal"] == "flight-recorder"  # the script has no phases: the probes' dumps told
-    # The pause starts at step 6 (slow's first step measures the pace); named within 20 steps of it.
-    assert first["detected_step"] <= 6 + 20
+    # The pause starts at step 6 (slow's first step measures the pace); named within 45 steps of it (the
+    # span is five windows of eight steps: docs/stragglers.md).
+    assert first["detected_step"] <= 6 + 45
     assert first["slowdown"] == pytest.approx(1.3, abs=0.1)
     measured = _job_seconds(tmp_path / "slow") - _job_seconds(tmp_path / "clean")
     assert measured > 0.3
@@ -64,7 +65,7 @@ def test_unmodified_script_slow_rank_is_named_with_a_cost_close_to_the_measured_
 
 
 def _demo(run_dir: Path, inject: str) -> dict[str, Any]:
-    res = trainguard("demo", "--ranks", "3", "--steps", "40", "--ckpt-every", "20", "--model", TINY_DEMO,
+    res = trainguard("demo", "--ranks", "3", "--steps", "70", "--ckpt-every", "35", "--model", TINY_DEMO,
                      "--run-dir", str(run_dir), "--inject", inject, "--json", timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     doc: dict[str, Any] = json.loads(res.stdout)
@@ -73,7 +74,7 @@ def _demo(run_dir: Path, inject: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_demo_slow_rank_2_is_named_first_and_a_clean_demo_flags_nobody(tmp_path: Path) -> None:
-    assert _demo(tmp_path / "slow", "slow@step=1,rank=2,factor=1.3")["completed_steps"] == 40
+    assert _demo(tmp_path / "slow", "slow@step=1,rank=2,factor=1.3")["completed_steps"] == 70
     slow = _stragglers(tmp_path / "slow")
     assert slow["stragglers"] and slow["stragglers"][0]["rank"] == 2, slow
     assert slow["stragglers"][0]["signal"] == "phases"

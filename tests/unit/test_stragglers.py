@@ -48,13 +48,13 @@ def synth(ranks: int = 4, steps: int = 60, slow: dict[int, float] | None = None,
     return recs, {0: arrivals}, added
 
 
-def test_slow_rank_named_within_20_steps_with_cost_within_25_percent() -> None:
+def test_slow_rank_named_within_45_steps_with_cost_within_25_percent() -> None:
     recs, _, added = synth(slow={2: 1.3}, onset=10)
     rep = analyze(recs)
     assert [s.rank for s in rep.stragglers] == [2]
     s = rep.stragglers[0]
     assert s.signal == PHASES and s.host == "h0"
-    assert s.detected_step - 10 <= 20
+    assert s.detected_step - 10 <= 45  # five windows of eight steps (StragglerConfig.windows)
     assert abs(s.onset_step - 10) <= 2
     assert s.cost_seconds == pytest.approx(added, rel=0.25)
     assert s.slowdown == pytest.approx(1.3, abs=0.06)
@@ -85,7 +85,7 @@ def test_two_ranks_flight_recorder_names_the_late_arriver() -> None:
     assert rep.signals == {0: FLIGHT_RECORDER}
     assert [s.rank for s in rep.stragglers] == [1]
     assert rep.stragglers[0].cost_seconds == pytest.approx(added, rel=0.25)
-    assert rep.stragglers[0].detected_step <= 5 + 20
+    assert rep.stragglers[0].detected_step <= 5 + 45
 
 
 def test_durations_only_cannot_name_anyone_and_says_so() -> None:
@@ -136,11 +136,11 @@ def test_delay_before_the_step_clock_is_seen_through_comm_wait() -> None:
 
 
 def test_steps_after_the_last_probe_are_costed_at_the_measured_pace() -> None:
-    recs, arrivals, added = synth(ranks=2, slow={0: 1.3}, onset=5, phases=False, steps=60)
-    cut = {0: {r: ts[:40] for r, ts in arrivals[0].items()}}  # the last probe saw 40 steps
+    recs, arrivals, added = synth(ranks=2, slow={0: 1.3}, onset=5, phases=False, steps=90)
+    cut = {0: {r: ts[:60] for r, ts in arrivals[0].items()}}  # the last probe saw 60 steps
     rep = analyze(recs, cut)
     (s,) = rep.stragglers
-    assert s.last_step == 60
+    assert s.last_step == 90
     assert s.cost_seconds == pytest.approx(added, rel=0.25)
 
 
@@ -160,3 +160,27 @@ def test_a_rank_hardly_behind_the_next_slowest_is_not_named() -> None:
     # One clearly slow rank among them still is.
     recs, _, _ = synth(ranks=3, slow={1: 1.30}, onset=1, noise=0.005)
     assert [s.rank for s in analyze(recs).stragglers] == [1]
+
+
+def _recorded(name: str) -> list[Event]:
+    """A recorded run's step records (tests/unit/corpus/stragglers-*.json: real runs, timings as measured)."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "corpus" / f"stragglers-{name}.json").read_text())
+    return [StepCompleted(time=t, host=doc["host"], attempt=0, rank=r, step=s, duration_seconds=d, phases=ph)
+            for r, s, t, d, ph in doc["rows"]]
+
+
+def test_a_contended_host_names_no_rank_of_a_healthy_job() -> None:
+    # A healthy 2-rank run on a 2-core host with a CPU burner beside it: the scheduler made each rank late in
+    # turn, in streaks of up to ~30 steps at 1.4-1.9x. Judged over two windows, both ranks were named in turn.
+    recs = _recorded("contended-healthy")
+    assert analyze(recs).stragglers == []
+    assert {s.rank for s in analyze(recs, config=StragglerConfig(windows=2)).stragglers} == {0, 1}
+
+
+def test_a_slow_rank_on_a_contended_host_is_still_named() -> None:
+    # The same host and load, with rank 1 made 1.3x slower from step 40 (chaos slow): still named, and only it.
+    (s,) = analyze(_recorded("contended-slow-rank1")).stragglers
+    assert s.rank == 1 and 40 <= s.onset_step <= 60 and s.detected_step <= 40 + 60

@@ -14,12 +14,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (docs/goodput.md)")
     parser.add_argument("--html", metavar="FILE",
-                        help="also write the report with its plots as one self-contained HTML file (docs/dashboard.md)")
+                        help="write the report with its plots as one self-contained HTML file instead of printing it "
+                             "(docs/dashboard.md); with --json the JSON is printed too")
 
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import print_json, print_text
     from trainguard.goodput import compute_goodput
+    from trainguard.report.drains import drain_section, render_drains
     from trainguard.report.terminal import render_report
     from trainguard.report.thermal_power import render_text, run_sections
 
@@ -33,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
         written = write_html(args.run_dir, args.html, report)
         print_text(f"trainguard report: HTML report written to {written}", file=sys.stderr)
+        if not args.json:  # the file is what was asked for: the terminal report is not printed beside it
+            return EXIT_OK
     extra = run_sections(args.run_dir)
+    drains = drain_section(args.run_dir)  # the nodes the run drained in the scheduler (docs/operations.md)
     if args.json:
-        print_json({**report.to_json(), **extra})
+        print_json({**report.to_json(), **extra, **drains})
     else:
-        print_text("\n".join([render_report(report), *render_text(extra)]))
+        print_text("\n".join([render_report(report), *render_text(extra), *render_drains(drains)]))
     return EXIT_OK

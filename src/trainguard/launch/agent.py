@@ -48,6 +48,7 @@ from trainguard.launch.failures import (
     rank_logs,
     wait_for_peer_dumps,
 )
+from trainguard.launch.framework_progress import FrameworkCheckpoints
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
@@ -97,6 +98,8 @@ class GuardAgent(ElasticAgentBase):
                                                        self.signer))
         self.watchdog = Watchdog(cfg.watchdog)
         self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
+        self.framework_checkpoints = FrameworkCheckpoints(self.layout)
+        """The script's framework's own saves (its adapter's records): progress for the no-progress rule."""
         self.faults = chaos.parse_spec(cfg.chaos)
         self.start_time = time.time()
         self.leader = False
@@ -476,7 +479,8 @@ class GuardAgent(ElasticAgentBase):
         steps = [b.step for b in beats.values() if b is not None]
         steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
         outcome = AttemptOutcome(best_step=max(steps) if steps else None,
-                                 latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir))
+                                 latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir),
+                                 framework_checkpoint=self.framework_checkpoints.latest())
         decision = self.policy.on_failure(outcome, self.budget.remaining())
         if decision.stop:
             self.budget.stop(decision.reason or "the no-progress rule stopped restarts")

@@ -31,12 +31,15 @@ _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standar
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    """Detection thresholds (defaults tuned so 1.3x is named within 20 steps and clean runs flag nothing)."""
+    """Detection thresholds (defaults tuned so 1.3x is named within about 40 steps and clean runs flag nothing,
+    on a quiet host and on a 2-core host with a CPU burner beside the job)."""
 
     window_steps: int = 8
     """Steps per detection window."""
-    windows: int = 2
-    """Consecutive windows judged together (the span); the rank must be late in each of them (persistence)."""
+    windows: int = 5
+    """Consecutive windows judged together (the span); the rank must be late in each of them (persistence).
+    Five, not two: on a contended host the scheduler deschedules one rank, then another, in bursts of up to
+    ~30 steps, and two windows named both ranks of a healthy 2-rank job in turn (docs/stragglers.md)."""
     late_fraction: float = 0.75
     """A rank is named when it was late in at least this share of the span's steps ..."""
     window_fraction: float = 0.5

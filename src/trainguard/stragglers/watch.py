@@ -42,7 +42,7 @@ MIN_SECONDS = 0.5
 ANNOUNCE_POLL_SECONDS = 1.0
 """How often every agent looks for a ``restart-now`` announcement naming its node."""
 PROBE_TIMEOUT_SECONDS = 2.0
-KEEP_PROBES = 30
+KEEP_PROBES = 5
 """Probe folders kept per attempt (the oldest are deleted): each holds 2,000 collectives per rank."""
 BUFFER_STEPS = 96
 """Steps per rank kept in memory for the live decision."""
