@@ -2,14 +2,23 @@
 
 A collector follows ``events/*.jsonl`` as they grow, so the supervisor needs no calls of its own: the
 numbers are the ones ``trainguard report`` would give at that moment. Names and meanings: docs/dashboard.md.
+
+The endpoint lives inside the supervising agent, so no client may cost it more than a bounded share:
+`ScrapeServer` answers with a fixed number of threads and reads requests without blocking any of them
+(prometheus_client's own server started a thread per connection, and every idle connection kept one).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import importlib.util
 import logging
 import math
+import queue
+import selectors
+import socket
 import threading
 import time
 from collections import defaultdict, deque
@@ -47,6 +56,18 @@ MAX_SUSPECT_HOSTS = 1000
 """Distinct hosts given their own label in ``trainguard_suspected_total``; later ones are counted as ``other``."""
 _CATCH_UP_READS = 64
 """Chunks (4 MiB each) read per event file per scrape when catching up with a long run."""
+SCRAPE_THREADS = 4
+"""Threads that answer complete requests: a scrape is one short request, and the collector serves one at a time."""
+MAX_PENDING = 128
+"""Connections that may wait for their request at once; a new one beyond this closes the oldest waiting one
+(each holds a file descriptor of the agent)."""
+REQUEST_SECONDS = 10.0
+"""Time a connection has, from its accept, to send its whole request head; then it is closed. An idle or
+trickling client (slowloris) costs one descriptor for this long, never a thread."""
+SEND_SECONDS = 10.0
+"""Timeout of each send of a response (a client that stops reading does not keep a thread longer)."""
+MAX_REQUEST_BYTES = 8192
+"""A request head longer than this is refused (431)."""
 
 
 class RunMetrics:
@@ -317,15 +338,210 @@ def parse_listen(text: str) -> tuple[str, int]:
     return addr, int(port)
 
 
+class _Waiting:
+    """A connection whose request head is still arriving."""
+
+    __slots__ = ("data", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.data = bytearray()
+
+
+class ScrapeServer:
+    """``/metrics`` of a registry over HTTP/1.0, with a bounded cost whatever clients do.
+
+    One selector thread accepts connections and reads their request heads without blocking; only a complete
+    head goes to one of `SCRAPE_THREADS` threads, which answers and closes the connection. A connection that
+    has not sent its head within `REQUEST_SECONDS` of its accept is closed, and at most `MAX_PENDING` wait at
+    once (the oldest is closed first). So idle sockets cost a descriptor for a while and never a thread, and
+    a scrape is answered while hundreds of them are open.
+    """
+
+    def __init__(self, addr: str, port: int, registry: Any) -> None:
+        self.registry = registry
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(sockaddr)
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self.server_address: tuple[Any, ...] = listener.getsockname()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._work: queue.Queue[tuple[socket.socket, bytes] | None] = queue.Queue(maxsize=4 * SCRAPE_THREADS)
+        self._threads = [threading.Thread(target=self._loop, name="trainguard-metrics", daemon=True)]
+        self._threads += [threading.Thread(target=self._answer_loop, name=f"trainguard-metrics-{i}", daemon=True)
+                          for i in range(SCRAPE_THREADS)]
+        for t in self._threads:
+            t.start()
+
+    # --- the selector thread: accept, read request heads, hand complete ones over ----------------------
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        waiting: dict[socket.socket, _Waiting] = {}  # insertion order = accept order: the oldest first
+
+        def drop(conn: socket.socket) -> None:
+            sel.unregister(conn)
+            del waiting[conn]
+            conn.close()
+
+        try:
+            while True:
+                now = time.monotonic()
+                timeout = max(0.0, min(w.deadline for w in waiting.values()) - now) if waiting else None
+                for key, _ in sel.select(timeout):
+                    if key.data == "wake":
+                        return
+                    if key.data == "accept":
+                        self._accept(sel, waiting, drop)
+                        continue
+                    conn = key.fileobj
+                    assert isinstance(conn, socket.socket)
+                    self._read(conn, waiting[conn], sel, waiting, drop)
+                now = time.monotonic()
+                for conn in [c for c, w in waiting.items() if w.deadline <= now]:
+                    drop(conn)  # idle or trickling past its time
+        except Exception:  # the endpoint must never take the agent down; it stops answering instead
+            log.warning("metrics: the server loop stopped", exc_info=True)
+        finally:
+            for conn in list(waiting):
+                drop(conn)
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting],
+                drop: Callable[[socket.socket], None]) -> None:
+        for _ in range(MAX_PENDING):  # everything queued in the backlog, in one go
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # out of descriptors (EMFILE): free the oldest, try again later
+                log.debug("metrics: accept: %s", exc)
+                if waiting:
+                    drop(next(iter(waiting)))
+                else:
+                    time.sleep(0.05)  # nothing of ours to free: do not spin on a listener that stays readable
+                return
+            conn.setblocking(False)
+            if len(waiting) >= MAX_PENDING:
+                drop(next(iter(waiting)))
+            waiting[conn] = _Waiting(time.monotonic() + REQUEST_SECONDS)
+            sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _read(self, conn: socket.socket, w: _Waiting, sel: selectors.BaseSelector,
+              waiting: dict[socket.socket, _Waiting], drop: Callable[[socket.socket], None]) -> None:
+        try:
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            drop(conn)
+            return
+        w.data += chunk
+        if b"\r\n\r\n" not in w.data and b"\n\n" not in w.data and len(w.data) <= MAX_REQUEST_BYTES:
+            return
+        sel.unregister(conn)
+        del waiting[conn]
+        try:
+            self._work.put_nowait((conn, bytes(w.data)))
+        except queue.Full:  # every answering thread busy and a queue behind them: say so rather than wait
+            _send(conn, _response(503, "Service Unavailable", b"busy\n"))
+
+    # --- the answering threads -------------------------------------------------------------------------
+
+    def _answer_loop(self) -> None:
+        while (item := self._work.get()) is not None:
+            conn, head = item
+            try:
+                _send(conn, self.respond(head))
+            except Exception:  # one bad scrape must not end the thread
+                log.warning("metrics: a scrape failed", exc_info=True)
+                with contextlib.suppress(OSError):
+                    conn.close()
+
+    def respond(self, head: bytes) -> bytes:
+        """The whole HTTP response to one request head (GET or HEAD of any path, as prometheus_client)."""
+        from prometheus_client.exposition import choose_encoder
+
+        if len(head) > MAX_REQUEST_BYTES:
+            return _response(431, "Request Header Fields Too Large", b"request head too long\n")
+        lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+        request = lines[0].split()
+        if len(request) != 3 or not request[2].startswith("HTTP/"):
+            return _response(400, "Bad Request", b"bad request\n")
+        method = request[0]
+        if method not in ("GET", "HEAD"):
+            return _response(405, "Method Not Allowed", b"only GET\n", [("Allow", "GET, HEAD")])
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        body = encoder(self.registry)
+        extra = [("Content-Type", content_type)]
+        if "gzip" in headers.get("accept-encoding", ""):
+            body = gzip.compress(body)
+            extra.append(("Content-Encoding", "gzip"))
+        return _response(200, "OK", body, extra, head_only=method == "HEAD")
+
+    def close(self) -> None:
+        """Stop answering; connections still waiting are closed."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._threads[0].join(timeout=5)
+        for _ in self._threads[1:]:
+            with contextlib.suppress(queue.Full):
+                self._work.put(None, timeout=1)
+        for t in self._threads[1:]:
+            t.join(timeout=SEND_SECONDS)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+
+def _response(code: int, reason: str, body: bytes, headers: list[tuple[str, str]] | None = None, *,
+              head_only: bool = False) -> bytes:
+    fields = [("Content-Type", "text/plain; charset=utf-8")] if headers is None or not any(
+        k == "Content-Type" for k, _ in headers) else []
+    fields += [*(headers or []), ("Content-Length", str(len(body))), ("Connection", "close")]
+    start = f"HTTP/1.0 {code} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields) + "\r\n"
+    return start.encode("latin-1") + (b"" if head_only else body)
+
+
+def _send(conn: socket.socket, data: bytes) -> None:
+    """Send and close; a client that stops reading is given up after `SEND_SECONDS` per send."""
+    try:
+        conn.setblocking(True)
+        conn.settimeout(SEND_SECONDS)
+        conn.sendall(data)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
 class MetricsServer:
-    """The ``/metrics`` endpoint (prometheus_client's server in a daemon thread) for one run directory."""
+    """The ``/metrics`` endpoint (a `ScrapeServer`, bounded threads) for one run directory."""
 
     def __init__(self, addr: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry(auto_describe=False)
         try:
-            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+            self._server = ScrapeServer(addr, port, self.registry)
         except OSError as exc:
             raise UsageError(f"--metrics-port: cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
         self.address = self._server.server_address[:2]
@@ -339,8 +555,7 @@ class MetricsServer:
         return metrics
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 def start(listen: tuple[str, int] | None) -> MetricsServer | None:
