@@ -189,7 +189,8 @@ def assemble(mode: str, environment: dict[str, Any], sections: Mapping[str, Any]
         "environment": environment,
         "sections": norm,
         "summary": {n: ("skipped" if s["skipped"] else "ok" if s["ok"] else "failed") for n, s in norm.items()},
-        "goals": goals,
+        "goals": goals if mode != "cpu-smoke" else {},
+        "goals_note": "performance goals are judged in a GPU run only" if mode == "cpu-smoke" else None,
         "findings": collected,
         "arguments": dict(arguments or {}),
     })
@@ -1369,6 +1370,9 @@ def overhead_worker(argv: Sequence[str]) -> int:
         Path(args.timing_out).write_text(json.dumps({
             "step_seconds": times, "parameters": params, "device": str(device), "dtype": args.dtype,
             "backend": dist.get_backend(), "final_loss": float(loss), "tokens_per_step": args.batch * args.seq,
+            "threads": torch.get_num_threads(),
+            "environment": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith(("OMP_", "MKL_", "TORCH_", "NCCL_", "CUDA_", "PYTORCH_"))},
         }))
     dist.destroy_process_group()
     return 0
@@ -1399,6 +1403,7 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
               "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--dtype", str(p["dtype"])]
     auto_steps: list[int] = []
     pair_seconds: list[float] = []
+    worker_env: dict[str, dict[str, str]] = {}
 
     def one(which: str, tag: str) -> dict[str, Any]:
         timing = ctx.tmp / f"timing-{tag}.json"
@@ -1420,7 +1425,9 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
         out.update({"median_step_seconds": round(statistics.median(steps), 6),
                     "mean_step_seconds": round(statistics.fmean(steps), 6), "steps_timed": len(steps),
                     "max_step_seconds": round(max(steps), 6), "parameters": data.get("parameters"),
-                    "backend": data.get("backend"), "tokens_per_step": data.get("tokens_per_step")})
+                    "backend": data.get("backend"), "tokens_per_step": data.get("tokens_per_step"),
+                    "threads": data.get("threads")})
+        worker_env[which] = data.get("environment") or {}
         if which == "trainguard":
             events = sorted((ctx.tmp / f"overhead-run-{tag}" / "events").glob("rank-*.jsonl"))
             n = sum(len(records(e, "step_completed")) for e in events)
@@ -1459,6 +1466,10 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
     params_n = next((r.get("parameters") for pr in result["pairs"] for r in pr["runs"].values()
                      if r.get("parameters")), None)
     result["model_parameters"] = params_n
+    tg_env, bare_env = worker_env.get("trainguard", {}), worker_env.get("torchrun", {})
+    result["worker_environment_differences"] = {  # torch/NCCL/CUDA/thread settings one launcher set and not the other
+        k: {"trainguard": tg_env.get(k), "torchrun": bare_env.get(k)}
+        for k in sorted(set(tg_env) | set(bare_env)) if tg_env.get(k) != bare_env.get(k)}
     result["pair_seconds"] = [round(s, 1) for s in pair_seconds]
     checks = {
         "at_least_one_pair": any("ratio_median" in pr for pr in result["pairs"]),
@@ -1469,7 +1480,7 @@ def section_overhead(ctx: Context) -> dict[str, Any]:
     if auto_steps and min(auto_steps) < int(p["steps"]):
         result["findings"].append(f"trainguard run recorded {min(auto_steps)} step events for {p['steps']} optimizer "
                                   "steps: the automatic instrumentation missed steps")
-    if result.get("goal_met") is False:
+    if result.get("goal_met") is False and not ctx.smoke:
         result["findings"].append(f"overhead {result['overhead_fraction']:.2%} is above the {OVERHEAD_GOAL:.0%} goal")
     return result
 
