@@ -134,3 +134,8 @@ def test_exit_codes_are_said_in_words_and_a_silent_sigkill_is_explained() -> Non
     # a rank that exited with its own error gets no such guess
     assert blame.unexplained_crash_note({0: 1}, [0]) == ""
     assert blame.unexplained_crash_note({0: -signal.SIGSEGV}, [0]) == ""
+
+
+def test_the_only_rank_of_a_one_rank_job_is_the_culprit_of_its_hang() -> None:
+    b = hang_culprits(HangFacts(world_size=1, enqueued={0: 4}, steps={0: 9}))
+    assert b.culprits == (0,) or list(b.culprits) == [0], b

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainguard.health import HIGH, LOW, CheckResult, HealthConfig
 from trainguard.health.fake import FakeGpu, FakeNvml
 from trainguard.health.gpu import GPU_CHECKS, check_gpus
@@ -92,3 +94,17 @@ def test_nvml_that_cannot_count_still_reports_every_check() -> None:
     assert set(res) == {n for n, _ in GPU_CHECKS}
     assert not res["gpu_count"].ok and res["gpu_count"].severity == HIGH
     assert all(r.skipped for n, r in res.items() if n != "gpu_count")
+
+
+def test_without_re2_only_the_xid_check_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A source checkout on a machine without google-re2: the XID rules cannot load; ECC, NVLink, thermal,
+    # PCIe and the rest must still report (they were lost to one "the check itself failed").
+    import sys
+
+    for name in [m for m in sys.modules if m == "trainguard.classify" or m.startswith("trainguard.classify.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "re2", None)
+    res = run([FakeGpu()])
+    assert res["gpu_xid"].skipped and "XID rules unavailable" in res["gpu_xid"].detail, res["gpu_xid"]
+    assert set(res) == {n for n, _ in GPU_CHECKS}
+    assert all(r.ok for n, r in res.items() if n != "gpu_xid"), res

@@ -135,3 +135,46 @@ def test_prewarm_modules_import() -> None:
 
     for name in c10d.PREWARM_MODULES:
         importlib.import_module(name)
+
+
+class _FakeC10d:
+    """Dump functions as torch's pybind builds them, told apart by their signature line."""
+
+    def __init__(self, backend_aware: bool, nccl: bool) -> None:
+        sig = ", backend: str = 'gloo'" if backend_aware else ""
+
+        def generic(**kw: object) -> bytes:
+            return b"generic"
+
+        generic.__doc__ = f"_dump_fr_trace(includeCollectives: bool | None = None{sig}) -> bytes\n"
+        self._dump_fr_trace = generic
+        if nccl:
+            self._dump_nccl_trace = lambda **kw: b"nccl"
+
+
+def test_a_device_map_backend_counts_as_nccl_and_2_15_gets_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(c10d, "_c10d_module", lambda: _FakeC10d(backend_aware=False, nccl=True))
+    fn, extra = c10d.dump_function("pickle", "cpu:gloo,cuda:nccl")
+    assert fn is not None and fn() == b"nccl" and extra == {}
+    monkeypatch.setattr(c10d, "_c10d_module", lambda: _FakeC10d(backend_aware=True, nccl=True))
+    fn, extra = c10d.dump_function("pickle", "cpu:gloo,cuda:nccl")
+    assert fn is not None and fn() == b"generic" and extra == {"backend": "nccl"}
+    fn, extra = c10d.dump_function("pickle", "gloo")
+    assert extra == {"backend": "gloo"}
+
+
+def test_the_range_check_works_without_packaging(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from trainguard.torch_api import features
+
+    real_import = builtins.__import__
+
+    def no_packaging(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("packaging"):
+            raise ImportError("No module named 'packaging'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_packaging)
+    assert features._in_range("2.11.0+cu130") and features._in_range("2.15.2")
+    assert not features._in_range("2.10.1") and not features._in_range("2.16.0")

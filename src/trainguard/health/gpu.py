@@ -145,7 +145,10 @@ def _ecc_and_remap(nvml: Any, handles: list[tuple[int, Any]]) -> list[CheckResul
 
 
 def _xids(nvml: Any, handles: list[tuple[int, Any]]) -> CheckResult:
-    from trainguard.classify import default_rules
+    try:
+        from trainguard.classify import default_rules
+    except ImportError as exc:  # google-re2 missing: every other GPU check still runs
+        return skipped("gpu_xid", HIGH, f"XID rules unavailable ({exc})")
 
     rules = default_rules()
     event_type = getattr(nvml, "nvmlEventTypeXidCriticalError", 0x8)

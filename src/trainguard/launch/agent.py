@@ -120,7 +120,10 @@ class GuardAgent(ElasticAgentBase):
         self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
         for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
             # import now what the first failure needs, not inside the restart's critical path
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:  # e.g. google-re2 missing: failures are then recorded unclassified
+                log.error("%s unavailable (%s): failures will be recorded without it", name, exc)
         self.inprocess = InProcessRestarts.build(cfg, tuple(spec.args))
         """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
         self.beat.start()

@@ -151,6 +151,8 @@ def hang_culprits(facts: HangFacts) -> Blame:
         low = min(facts.steps.values())
         behind = [r for r, s in facts.steps.items() if s == low]
         return done(behind, f"rank(s) {_ranks(behind)} completed fewer steps ({low}) than the others", "steps")
+    if facts.world_size == 1:  # the only rank stopped making progress: nobody else to wait for
+        return done([0], "rank 0, the only rank, made no progress", "steps")
     return done((), "no rank is behind the others", "none")
 
 

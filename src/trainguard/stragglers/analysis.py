@@ -212,7 +212,10 @@ def step_table(records: Sequence[Event], arrivals: Mapping[int, Mapping[int, Seq
         by_step: dict[int, dict[int, StepCompleted]] = defaultdict(dict)
         for e in rows:
             by_step[e.step][e.rank] = e
-        first = {r: min(e.step for e in rows if e.rank == r) for r in ranks}
+        first: dict[int, int] = {}  # one pass: a scan per rank made reports quadratic in the rank count
+        for e in rows:
+            if e.step < first.get(e.rank, e.step + 1):
+                first[e.rank] = e.step
         complete = {s: by for s, by in by_step.items()
                     if set(by) == ranks and all(s > first[r] for r in ranks)}  # first step: start-up, not pace
         with_phases = sum(all(_own_work(e) is not None for e in by.values()) for by in complete.values())

@@ -38,6 +38,8 @@ def dump_function(fmt: str, backend: str | None) -> tuple[Callable[..., Any] | N
         c10d = _c10d_module()
     except ImportError:
         return None, {}
+    if backend is not None and "nccl" in backend:  # "nccl", or a device map such as "cpu:gloo,cuda:nccl"
+        backend = "nccl"
     generic = getattr(c10d, _GENERIC[fmt], None)
     if generic is not None and backend is not None and takes_backend(generic):
         return generic, {"backend": backend}

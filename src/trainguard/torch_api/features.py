@@ -85,7 +85,14 @@ def _in_range(version: str) -> bool:
         from packaging.version import Version
 
         return Version(version.split("+")[0]) in SpecifierSet(SUPPORTED)
-    except Exception:  # packaging missing or an odd version string: say out of range, keep going
+    except ImportError:  # a source checkout without packaging: compare major.minor by hand
+        low, high = (tuple(int(x) for x in part.strip(">=<").split(".")) for part in SUPPORTED.split(","))
+        try:
+            have = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+        except ValueError:
+            return False
+        return low <= have < high
+    except Exception:  # an odd version string: say out of range, keep going
         return False
 
 
