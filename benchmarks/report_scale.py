@@ -11,6 +11,7 @@ size ratio (linear: the two match; the constant start-up cost makes the time rat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import resource
 import subprocess
@@ -74,7 +75,7 @@ def main() -> None:
             rows.append({"files": n + 1, "records": n * STEPS + 4, "seconds": round(took, 2),
                          "ms_per_file": round(1000 * took / (n + 1), 3), "peak_rss_kib": rss})
     growth = [{"from": a["files"], "to": b["files"], "size_ratio": round(b["files"] / a["files"], 2),
-               "time_ratio": round(b["seconds"] / a["seconds"], 2)} for a, b in zip(rows, rows[1:], strict=False)]
+               "time_ratio": round(b["seconds"] / a["seconds"], 2)} for a, b in itertools.pairwise(rows)]
     print(json.dumps({"benchmark": "report_scale", "runs": rows, "growth": growth}, indent=2))
 
 
