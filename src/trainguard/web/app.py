@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard.goodput import GoodputReport, compute_goodput
+from trainguard.report.drains import drain_section
 from trainguard.report.thermal_power import run_sections
 from trainguard.report.view import build_view, open_evidence
 from trainguard.web import render as pages
@@ -151,12 +152,13 @@ class Dashboard:
         return self.cache.get("view", entry.path, compute)
 
     def _document(self, entry: RunEntry) -> tuple[dict[str, Any] | Exception, tuple[Any, ...]]:
-        """The ``trainguard report --json`` document: the goodput report plus the thermal and power sections."""
+        """The ``trainguard report --json`` document: the goodput report plus the thermal and power sections and
+        the drains, composed as ``cli.report`` composes it."""
         def compute(path: Path) -> dict[str, Any]:
             report, _ = self._report(entry)
             if isinstance(report, Exception):
                 raise report
-            return {**report.to_json(), **run_sections(path)}
+            return {**report.to_json(), **run_sections(path), **drain_section(path)}
 
         return self.cache.get("document", entry.path, compute)
 
