@@ -27,9 +27,6 @@ log = logging.getLogger(__name__)
 
 RANK_KINDS = ("crash", "exit", "hang", "hang-in-collective", "slow", "desync", "sdc")
 """Faults fired inside a rank at the start of a step."""
-NODE_KINDS = ("unhealthy", "node-crash", "agent-kill")
-"""Faults the node agent applies: ``unhealthy`` before a (re)start; ``node-crash`` (the agent kills its workers
-and itself) and ``agent-kill`` (the agent alone) once its ranks completed step S-1 (`trainguard.launch.nodes`)."""
 
 _COMMON_KEYS = {"attempt"}
 _KEYS: dict[str, tuple[set[str], set[str]]] = {

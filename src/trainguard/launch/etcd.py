@@ -10,11 +10,8 @@ from trainguard.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-BACKEND = "etcd-v2"
 DEFAULT_PORT = 2379
 """etcd's client port, the port of an ``--rdzv-endpoint`` that names none."""
-CONF_KEYS = ("protocol",)
-"""``--rdzv-conf`` keys only the etcd backends read (beyond the shared timeouts)."""
 
 
 def require_client() -> None:

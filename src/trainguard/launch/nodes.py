@@ -27,8 +27,6 @@ log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_SECONDS = 1.0
 """How often an agent rewrites its beat."""
-DEFAULT_LOST_SECONDS = 10.0
-"""A peer whose beat did not change for this long (on the watcher's clock) is lost."""
 NODE_FAULT_KINDS = ("node-crash", "agent-kill")
 """Node faults fired by the agent of the named node once its ranks reach the step."""
 LOG_TAIL_LINES = 200

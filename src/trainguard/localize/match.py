@@ -202,8 +202,6 @@ class Matcher:
         self.ranks: set[int] = set()
         self.backends: set[str] = set()
         self.versions: dict[str, int] = {}
-        self.fast_ranks = 0
-        """Ranks recorded through the fast path (reported by the benchmark)."""
         self.empty_ranks: set[int] = set()
         """Ranks whose dump holds no entry at all (recorder off, or counters only): state unknown."""
         self._names: dict[str, tuple[str, bool, bool, bool]] = {}
@@ -243,7 +241,6 @@ class Matcher:
         touched = None
         if template is not None:
             touched = self._clone(rank, entries, dump.pg_config, template)
-            self.fast_ranks += touched is not None
         if touched is None:
             sigs: list[tuple[Any, ...]] | None = None
             if fast:

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-import numpy as np
-
 from trainguard.goodput import BUCKETS
 from trainguard.sim.engine import Sample, account, interval_seconds_for, samples, straggler_seconds
 from trainguard.sim.errors import SimConfigError
@@ -270,7 +268,3 @@ def frontier_json(frontier: Frontier) -> dict[str, Any]:
         "points": [p.to_json() for p in frontier.points],
     }
 
-
-def as_array(frontier: Frontier, scheme: str) -> np.ndarray:
-    """(stall, restart) rows of one scheme's points, for plotting or tests."""
-    return np.array([[p.checkpoint_stall_seconds, p.restart_seconds] for p in frontier.points if p.scheme == scheme])
