@@ -69,3 +69,20 @@ def test_write_private_replaces_a_planted_link_instead_of_writing_through_it(tmp
     safefs.write_private(tmp_path / "d" / "log_tail_rank_0.txt", b"tail")
     assert target.read_text() == "keep"
     assert (tmp_path / "d" / "log_tail_rank_0.txt").read_text() == "tail"
+
+
+def test_a_log_tail_reads_only_the_end_of_a_big_log(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    with log.open("wb") as f:
+        f.seek(64 * 1024 * 1024)  # a 64 MiB sparse file: a tail must not read all of it
+        f.write(b"last words\n")
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        assert evidence.log_tail(log, 5).endswith("last words")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak
+    assert evidence.log_tail(tmp_path / "missing.log", 5) == ""

@@ -70,9 +70,18 @@ def proc_state(pid: int) -> str | None:
     return rest[0] if rest else None
 
 
-def _tail(path: Path, lines: int) -> str:
+TAIL_BYTES = 256 * 1024
+"""At most this much of a log's end is read for its tail (a log can be gigabytes)."""
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of ``path`` (within its last `TAIL_BYTES`); "" when it cannot be read."""
     try:
-        data = path.read_bytes()[-256 * 1024:]
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read(TAIL_BYTES)
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
@@ -120,7 +129,7 @@ def gather(
                 else:
                     ev.no_channel.append(rank)
     for rank, paths in sorted(logs.items()):
-        text = "".join(f"==> {p.name} <==\n{_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
+        text = "".join(f"==> {p.name} <==\n{log_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
         write_private(directory / f"log_tail_rank_{rank}.txt", text.encode())
     # What the supervisor saw of each live rank, for `trainguard diagnose` on this folder later: a rank
     # without a dump whose process was stopped or silent is a hang's culprit, not a dead process.

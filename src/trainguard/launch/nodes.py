@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainguard.chaos import Fault
 from trainguard.events import NODE_FAULT_RANK, Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
+from trainguard.launch.evidence import log_tail
 from trainguard.protocol import RunLayout, rank_of, read_heartbeat
 from trainguard.safefs import create_exclusive, make_dirs, write_private
 
@@ -238,14 +239,6 @@ def attempt_nodes(layout: RunLayout, attempt: int) -> dict[str, list[int]]:
     return out
 
 
-def _tail(path: Path, lines: int) -> str:
-    try:
-        data = path.read_bytes()[-256 * 1024:]
-    except OSError:
-        return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-
-
 def keep_evidence(layout: RunLayout, node: str, attempt: int) -> list[str]:
     """Copy what the shared run directory still holds of a lost node into
     ``diagnostics/attempt-<k>/node-<node>/``: its agent's last beat, its ranks' last heartbeats (decoded)
@@ -266,8 +259,8 @@ def keep_evidence(layout: RunLayout, node: str, attempt: int) -> list[str]:
         lines.append(f"rank {rank}: " + ("unreadable" if hb is None else
                      f"step={hb.step} steps_done={hb.steps_done} phase={hb.phase} source={hb.source} "
                      f"collectives_done={hb.collectives_done}"))
-        text = "\n".join(filter(None, (_tail(layout.rank_log(attempt, rank), LOG_TAIL_LINES),
-                                       _tail(layout.rank_stdout(attempt, rank), LOG_TAIL_LINES))))
+        text = "\n".join(filter(None, (log_tail(layout.rank_log(attempt, rank), LOG_TAIL_LINES),
+                                       log_tail(layout.rank_stdout(attempt, rank), LOG_TAIL_LINES))))
         tail = dest / f"log_tail_rank_{rank}.txt"
         write_private(tail, (text + "\n").encode())
         files.append(tail)
