@@ -8,6 +8,7 @@ docs/goodput.md for the rules and the mapping to Google's ml-goodput-measurement
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import os
@@ -264,8 +265,9 @@ class _Attempts:
     """The planned interruption that ended an attempt, if one did."""
     diagnoses: dict[int, Diagnosis]
     """The most confident diagnosis of each attempt."""
-    save_starts: dict[tuple[int, int, int], float]
-    """When each checkpoint save began, by (attempt, rank, step)."""
+    save_starts: dict[tuple[int, int, int], list[float]]
+    """When checkpoint saves began, by (attempt, rank, step), in time order (a rank may save one step twice:
+    Lightning writes ``step=N.ckpt`` and ``last.ckpt``)."""
     blocks: dict[int, list[_Block]]
     """Each attempt's step blocks, in time order."""
     redo_from: dict[int, float]
@@ -334,7 +336,7 @@ def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _Refere
     failures: dict[int, list[FailureDetected]] = defaultdict(list)
     planned: dict[int, PlannedInterruption] = {}
     diagnoses: dict[int, Diagnosis] = {}
-    save_starts: dict[tuple[int, int, int], float] = {}
+    save_starts: dict[tuple[int, int, int], list[float]] = defaultdict(list)
     for record in records:
         if isinstance(record, AttemptStarted):
             started[record.attempt] = clock.at(record)
@@ -349,7 +351,7 @@ def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _Refere
             if best is None or record.confidence > best.confidence:
                 diagnoses[record.attempt] = record
         elif isinstance(record, CheckpointSaveStarted):
-            save_starts[(record.attempt, record.rank, record.step)] = clock.at(record)
+            save_starts[(record.attempt, record.rank, record.step)].append(clock.at(record))
     by_attempt: dict[int, list[_Block]] = defaultdict(list)
     for block in blocks:
         by_attempt[block.attempt].append(block)
@@ -359,7 +361,8 @@ def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _Refere
         started.setdefault(attempt, first_step_start if attempt else run_start)
     return _Attempts(
         numbers=numbers, started=started, ended=ended, end_reason=end_reason, failures=dict(failures),
-        planned=planned, diagnoses=diagnoses, save_starts=save_starts, blocks=dict(by_attempt),
+        planned=planned, diagnoses=diagnoses, save_starts={k: sorted(v) for k, v in save_starts.items()},
+        blocks=dict(by_attempt),
         redo_from=_redo_from(numbers, by_attempt),
         previous={attempt: (numbers[index - 1] if index else -1) for index, attempt in enumerate(numbers)},
         following={attempt: (numbers[index + 1] if index + 1 < len(numbers) else None)
@@ -442,13 +445,19 @@ def _checkpoint_intervals(records: list[Event], clock: _ReferenceClock, attempts
     intervals: list[Interval] = []
     for record in records:
         if isinstance(record, CheckpointSaveFinished):
-            key = (record.attempt, record.rank, record.step)
-            start = attempts.save_starts.get(key, clock.at(record) - record.total_seconds)
+            start = _save_start(attempts.save_starts.get((record.attempt, record.rank, record.step), []),
+                                clock.at(record), record.total_seconds)
             intervals.append((start, start + record.blocking_seconds, "checkpoint_save", record.attempt))
         elif isinstance(record, CheckpointLoaded):
             intervals.append((clock.at(record) - record.seconds, clock.at(record), "checkpoint_restore",
                               attempts.previous.get(record.attempt, -1)))
     return intervals
+
+
+def _save_start(starts: list[float], finished: float, total_seconds: float) -> float:
+    """When the save that finished at ``finished`` began: the last matching start before it, else its total."""
+    before = bisect.bisect_right(starts, finished)
+    return starts[before - 1] if before else finished - total_seconds
 
 
 def _tally(spent: dict[tuple[str, int], float]) -> tuple[dict[str, float], dict[int, float]]:
@@ -598,7 +607,14 @@ def _evidence_finder(root: Path | None, run_started: RunStarted | None, records:
             files = resume.checkpoint_files(resume.command_folders([str(c) for c in command], Path.cwd()))
         return resume.resume_in_files(files, started[steps.attempt], trained)
 
-    return more
+    def guarded(steps: AttemptSteps, trained: int) -> resume.Evidence | None:
+        try:
+            return more(steps, trained)
+        except (OSError, ValueError) as exc:  # evidence is optional: a path the system refuses is no evidence
+            log.debug("resume evidence of attempt %d: %s", steps.attempt, exc)
+            return None
+
+    return guarded
 
 
 def _rank_of(name: str) -> int:
