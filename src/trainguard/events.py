@@ -15,6 +15,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
@@ -446,6 +447,13 @@ class TelemetrySample(Event):
     throttle_reasons: int | None = None
     """NVML clocks-event-reason bit mask (0x4 power cap, 0x8 HW slowdown, 0x20 SW thermal, 0x40 HW thermal,
     0x80 power brake); null where not available."""
+
+
+def final_run_end(records: Iterable[Event]) -> RunEnded | None:
+    """The run's last ``run_ended`` record (by time), or None. A job its scheduler requeued after a failure (the
+    Slurm recipe) has one per allocation; only the last one ends the run, the earlier ones are interruptions."""
+    ends = [r for r in records if isinstance(r, RunEnded)]
+    return max(ends, key=lambda r: r.time) if ends else None
 
 
 RECORD_TYPES: dict[str, type[Event]] = {

@@ -35,6 +35,7 @@ from trainguard.events import (
     RunStarted,
     StepCompleted,
     StepSpan,
+    final_run_end,
 )
 from trainguard.plausibility import ExcludedRecord, judge_records
 from trainguard.protocol import RunLayout
@@ -514,7 +515,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
     clock = _ReferenceClock(offsets)
     warnings = _reading_warnings(skipped, excluded) + _clock_warnings(offsets, reference)
     run_started = next((record for record in records if isinstance(record, RunStarted)), None)
-    run_ended = next((record for record in records if isinstance(record, RunEnded)), None)
+    run_ended = final_run_end(records)  # the last one: a requeued job has one per allocation
     if run_ended is None:
         warnings.append("the run has no run_ended record: accounted up to its last event")
     raw_blocks = _blocks(records, offsets)

@@ -21,6 +21,7 @@ from trainguard.events import (
     RunStarted,
     StepCompleted,
     StepSpan,
+    final_run_end,
 )
 from trainguard.rundir import LoadedEvent
 
@@ -168,7 +169,7 @@ def run_bounds(records: list[Event], at: Callable[[Event], float]) -> tuple[floa
     """The run's span before step starts are known: run_started (else the first record) to run_ended
     (else the last record), on the clock ``at`` reads."""
     run_started = next((e for e in records if isinstance(e, RunStarted)), None)
-    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
+    run_ended = final_run_end(records)  # the last one: a requeued job has one per allocation
     lo = at(run_started) if run_started else min(at(e) for e in records)
     hi = at(run_ended) if run_ended else max(at(e) for e in records)
     return lo, hi

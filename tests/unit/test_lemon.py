@@ -128,7 +128,9 @@ def test_hosts_verb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["hosts", "--json", "--db", str(db_path)]) == 0
     docs = json.loads(capsys.readouterr().out)
     assert docs[0]["host"] == "node-b" and docs[0]["flagged"] is True
-    assert set(docs[0]) == {"host", "score", "flagged", "reasons", "counts", "incidents", "runs", "last_seen"}
+    assert set(docs[0]) == {"host", "score", "flagged", "reasons", "counts", "incidents", "runs", "last_seen",
+                            "drains"}
+    assert docs[0]["drains"] is None  # the drain policy never acted on it
     assert main(["hosts", "--db", str(db_path)]) == 0
     out = capsys.readouterr().out
     assert "LEMON" in out and "node-b" in out

@@ -19,7 +19,7 @@ from trainguard.cli import run as run_cli
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "trainguard.sbatch"
 MANIFESTS = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))
-NOT_TRAINGUARD = {"--kill-on-bad-exit", "--ntasks-per-node"}
+NOT_TRAINGUARD = {"--kill-on-bad-exit", "--ntasks-per-node", "--no-kill", "--nodes", "--ntasks"}
 """srun's options in the batch script."""
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.errors import InputError, StorageError, UsageError
+
+if TYPE_CHECKING:
+    from trainguard.health.drain_history import HostDrains
 
 HELP = "rank hosts by how often they broke jobs (lemon-node score) from the fleet database"
 
@@ -17,11 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=None, help="score at which a host is flagged (6)")
     parser.add_argument("--half-life-days", type=float, default=None, help="decay half-life in days (30; 0 = none)")
     parser.add_argument("--flagged", action="store_true", help="list only flagged hosts")
+    parser.add_argument("--drained", action="store_true",
+                        help="list only hosts the drain policy acted on (drained, refused, returned)")
+    parser.add_argument("--redrain-window-days", type=float, default=7.0, metavar="D",
+                        help="flag a host drained again within D days of its return (default 7)")
 
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import print_json, print_text
     from trainguard.fleetdb import FleetDB, default_db_path
+    from trainguard.health.drain_history import summarize as summarize_drains
     from trainguard.lemon import LemonPolicy, rank_hosts
 
     path = args.db or default_db_path()
@@ -37,15 +46,21 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= half_life < 1e6:
         raise UsageError("--half-life-days must be >= 0")
     policy = LemonPolicy(threshold=threshold, half_life_days=half_life)
+    if not 0 < args.redrain_window_days < 1e6:
+        raise UsageError("--redrain-window-days must be a positive number")
     try:
         with FleetDB(path) as db:
             scores = rank_hosts(db, policy=policy)
+            drains = summarize_drains(db.drain_history(), redrain_window_seconds=args.redrain_window_days * 86400)
     except StorageError as exc:  # this verb only reads: a database it cannot open is bad input
         raise InputError(str(exc)) from None
     if args.flagged:
         scores = [s for s in scores if s.flagged]
+    if args.drained:
+        scores = [s for s in scores if s.host in drains]
     if args.json:
-        print_json([s.to_json() for s in scores])
+        print_json([{**s.to_json(), "drains": drains[s.host].to_json() if s.host in drains else None}
+                    for s in scores])
         return 0
     if not scores:
         print("no hosts with a history in the fleet database" if not args.flagged else "no flagged hosts")
@@ -58,4 +73,25 @@ def run(args: argparse.Namespace) -> int:
         print_text(f"{s.host:<{width}}  {s.score:6.2f}  {flag:5} {s.incidents:9d}  {seen}  {'; '.join(s.reasons)}")
     print(f"(flagged: score >= {threshold:g} and >= {policy.min_incidents} separate incidents; "
           f"half-life {half_life:g} days)")
+    shown = [drains[s.host] for s in scores if s.host in drains]
+    if shown:
+        _print_drains(shown, args.redrain_window_days)
     return 0
+
+
+def _print_drains(shown: list[HostDrains], window_days: float) -> None:
+    from trainguard.cli.output import print_text
+
+    def when(t: float | None) -> str:
+        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M") if t else "-"
+
+    width = max(4, *(len(h.host) for h in shown))
+    print()
+    print("drained by trainguard (times UTC)")
+    print(f"{'host':<{width}}  {'state':<14} drains returns refused  {'last drained':<16}  {'returned':<16}  reason")
+    for h in shown:
+        state = "DRAINED AGAIN" if h.redrained and h.state == "drained" else h.state
+        print_text(f"{h.host:<{width}}  {state:<14} {h.drained:6d} {h.returned:7d} {h.refused:7d}  "
+                   f"{when(h.last_drained):<16}  {when(h.last_returned):<16}  {h.last_reason}")
+    print(f"(DRAINED AGAIN: drained within {window_days:g} days of being returned)")
+

@@ -28,10 +28,10 @@ from trainguard.events import (
     Event,
     FailureDetected,
     PlannedInterruption,
-    RunEnded,
     RunStarted,
     StepCompleted,
     StepSpan,
+    final_run_end,
 )
 from trainguard.goodput import BUCKETS, GoodputReport, compute_goodput, judge_records
 from trainguard.report.thermal_power import sections
@@ -145,7 +145,7 @@ def build_view(run: str | os.PathLike[str] | RunDir, report: GoodputReport | Non
         return e.time - offsets.get(e.host, 0.0)
 
     run_started = next((e for e in records if isinstance(e, RunStarted)), None)
-    run_ended = next((e for e in records if isinstance(e, RunEnded)), None)
+    run_ended = final_run_end(records)  # the last one: a requeued job has one per allocation
     step_starts = [t(e) - e.duration_seconds for e in records if isinstance(e, (StepCompleted, StepSpan))]
     start = t(run_started) if run_started is not None else min([t(e) for e in records] + step_starts)
     progress = _progress(records, t, start)
