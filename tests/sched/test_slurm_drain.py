@@ -1,0 +1,113 @@
+"""The Slurm adapter, the drain policy and ``trainguard health --return-node`` against a real slurmctld (three
+slurmd "nodes" on this machine, tests/sched/_slurm.py). No training: seconds, not minutes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cli import assert_one_line_error, trainguard
+from tests.sched._slurm import SlurmCluster
+from trainguard.health.drain import DrainPolicy, DrainSettings, Verdict
+from trainguard.health.scheduler import open_adapter
+from trainguard.health.slurm import SlurmAdapter
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def adapter(slurm: SlurmCluster, **env: str) -> SlurmAdapter:
+    return SlurmAdapter(environ=slurm.env(**env))
+
+
+def reasons(slurm: SlurmCluster) -> dict[str, str]:
+    out = slurm.run("sinfo", "-h", "-N", "-R", "-o", "%N|%E").stdout
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def test_drain_resume_and_listing_through_scontrol(slurm: SlurmCluster) -> None:
+    a = adapter(slurm, SLURM_JOB_NODELIST="n[1-3]")
+    assert a.cluster_nodes() == ["n1", "n2", "n3"] and a.job_nodes() == ["n1", "n2", "n3"]
+    assert not a.node("n2").drained
+    reason = "trainguard: Xid 79 GPU 0000:18:00 (Faulty GPU), run 12 attempt 2"
+    a.drain("n2", reason)
+    assert reasons(slurm) == {"n2": reason}  # exactly what a person reads in sinfo -R
+    state = a.node("n2")
+    assert state.drained and state.by_trainguard and state.by == "root" and state.since is not None
+    slurm.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=fan|replaced")
+    listed = {s.node: s for s in a.drained()}
+    assert set(listed) == {"n2", "n3"} and listed["n3"].reason == "fan|replaced" and not listed["n3"].by_trainguard
+    a.resume("n2")
+    assert not a.node("n2").drained
+    with pytest.raises(KeyError):
+        a.node("n9")
+    with pytest.raises(KeyError):
+        a.drain("n9", "trainguard: x")
+
+
+def test_rate_limit_with_real_slurm_refuses_the_drain_past_it(slurm: SlurmCluster, tmp_path: Path) -> None:
+    a = adapter(slurm, SLURM_JOB_NODELIST="n[1-3]")
+    policy = DrainPolicy(DrainSettings(scheduler="slurm", max_share=0.34, max_cluster_share=1.0), a,
+                         tmp_path / "run", "12", "n1")
+    first = policy.decide(Verdict("n2", "lost", "node lost (agent silent for 10 s)", 0))
+    second = policy.decide(Verdict("n3", "health", "failed health check gpu_ecc: 3 errors", 1))
+    assert (first.status, second.status) == ("drained", "refused")
+    assert "rate limit: 1 of the job's 3 nodes" in second.detail
+    assert reasons(slurm) == {"n2": "trainguard: node lost (agent silent for 10 s), run 12 attempt 0"}
+
+
+def test_return_node_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = {**slurm.env(), "TRAINGUARD_DB": str(tmp_path / "db" / "fleet.db")}
+    a = adapter(slurm)
+    a.drain("n2", "trainguard: node lost, run 12 attempt 0")
+    slurm.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=RMA 4711")
+    base = ["health", "--scheduler", "slurm", "--no-torch", "--no-gpu"]
+
+    listed = trainguard(*base, "--drained", "--json", env=env, timeout=60)
+    assert listed.code == 0, listed.err
+    assert {d["node"]: d["by_trainguard"] for d in json.loads(listed.out)} == {"n2": True, "n3": False}
+
+    r = trainguard(*base, "--return-node", "n3", env=env, timeout=60)
+    assert_one_line_error(r, 3)
+    assert "not by trainguard" in r.err and "RMA 4711" in r.err
+    r = trainguard(*base, "--return-node", "n1", env=env, timeout=60)
+    assert_one_line_error(r, 3)
+    assert "not drained" in r.err
+
+    # a failing high-severity check keeps it drained (exit 1)
+    run = tmp_path / "run"
+    (run / "chaos").mkdir(parents=True)
+    (run / "chaos" / "unhealthy-n2").touch()
+    r = trainguard(*base, "--return-node", "n2", "--run-dir", str(run), "--passes", "2", "--pass-interval", "0",
+                   env=env, timeout=60)
+    assert r.code == 1 and "still drained" in r.out and "injected" in r.out, r
+    assert a.node("n2").drained
+
+    r = trainguard(*base, "--return-node", "n2", "--passes", "2", "--pass-interval", "0.2", "--json", env=env,
+                   timeout=60)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["status"] == "returned" and doc["passes"] == 2 and doc["before"]["by_trainguard"]
+    assert not a.node("n2").drained
+    assert doc["recorded_in"] == str(tmp_path / "db" / "maintenance")
+    hosts = trainguard("hosts", "--json", "--drained", env=env, timeout=60)
+    assert hosts.code == 0, hosts.err
+    [n2] = json.loads(hosts.out)
+    assert n2["host"] == "n2" and n2["drains"]["returned"] == 1 and n2["drains"]["state"] == "returned"
+
+
+def test_run_drain_flag_needs_a_scheduler(slurm: SlurmCluster, tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('hi')\n")
+    outside = {k: v for k, v in slurm.env().items() if k != "SLURM_JOB_ID"}
+    r = trainguard("run", "--drain-bad-nodes", "--run-dir", str(tmp_path / "r1"), str(script), env=outside,
+                   timeout=60)
+    assert_one_line_error(r, 2)
+    assert "--drain-bad-nodes: no scheduler found" in r.err and not (tmp_path / "r1").exists()
+    r = trainguard("run", "--drain-bad-nodes", "--drain-max-share", "2", "--run-dir", str(tmp_path / "r2"),
+                   str(script), env=outside, timeout=60)
+    assert_one_line_error(r, 2)
+    assert "--drain-max-share must be a number from 0 to 1" in r.err
+    # inside a Slurm job (scontrol on the PATH) auto finds Slurm
+    assert open_adapter("auto", {**slurm.env(), "SLURM_JOB_ID": "5"}).name == "slurm"
