@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="free space the run and checkpoint directories need (default 1)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="limit for each blocking probe (default 5)")
+    parser.add_argument("--data-dir", type=Path, action="append", default=[], metavar="D",
+                        help="a data directory the job reads (storage round trip and latency); repeatable")
+    parser.add_argument("--nic", action="append", default=[], metavar="IFACE",
+                        help="an interface that must have link (default: every physical one that is up); repeatable")
+    parser.add_argument("--ib-device", action="append", default=[], metavar="DEV",
+                        help="an InfiniBand device that must exist (mlx5_0, ...); repeatable")
     parser.add_argument("--record", action="store_true",
                         help="also append the results as events to <run-dir>/events/health-<node>.jsonl")
     nodes = parser.add_argument_group("drained nodes (docs/operations.md)")
@@ -69,7 +75,8 @@ def _config(args: argparse.Namespace, node: str) -> HealthConfig:
     return HealthConfig(
         node=node, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, rdzv_endpoint=args.rdzv_endpoint,
         torch_checks=not args.no_torch, gpu_checks=not args.no_gpu, expected_gpus=args.expected_gpus,
-        min_free_bytes=int(args.min_free_gib * 2**30), timeout_seconds=args.timeout)
+        min_free_bytes=int(args.min_free_gib * 2**30), timeout_seconds=args.timeout,
+        data_dirs=tuple(args.data_dir), nics=tuple(args.nic), ib_devices=tuple(args.ib_device))
 
 
 def run(args: argparse.Namespace) -> int:

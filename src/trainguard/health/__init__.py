@@ -28,6 +28,9 @@ from trainguard.health.host import (
     check_run_dir,
     parse_endpoint,
 )
+from trainguard.health.nic import check_ib, check_nics
+from trainguard.health.nvlink import check_nvlink_errors
+from trainguard.health.storage import check_storage
 
 __all__ = [
     "GPU_CHECKS",
@@ -51,14 +54,14 @@ def _torch_missing(config: HealthConfig) -> list[CheckResult]:
 def checks_for(config: HealthConfig) -> list[CheckFn]:
     """The checks `run_checks` runs for ``config``, in order (cheap ones first)."""
     checks: list[CheckFn] = [check_injected, check_run_dir, check_checkpoint_dir, check_memory, check_clock,
-                             check_rdzv]
+                             check_rdzv, check_storage, check_ib, check_nics]
     if config.torch_checks and importlib.util.find_spec("torch") is None:
         checks.append(_torch_missing)
     elif config.torch_checks:
         from trainguard.health.torch_checks import check_torch_collective, check_torch_devices
 
         checks += [check_torch_devices, check_torch_collective]
-    checks.append(check_gpus)
+    checks += [check_gpus, check_nvlink_errors]
     return checks
 
 

@@ -46,6 +46,24 @@ class HealthConfig:
     max_gpu_temperature_c: int = 87
     nvml: Any = None
     """An object with pynvml's functions (tests pass `trainguard.health.fake.FakeNvml`); None = pynvml."""
+    data_dirs: tuple[Path, ...] = ()
+    """More directories the job reads or writes (datasets): ``storage_roundtrip``/``storage_latency`` probe them."""
+    storage_probe_bytes: int = 1 << 20
+    """Bytes written, synced and read back per directory by the storage check."""
+    max_storage_latency_seconds: float = 2.0
+    """A storage round trip slower than this fails ``storage_latency`` (low)."""
+    sysfs_root: Path = Path("/sys")
+    """Where the network checks read ``class/infiniband`` and ``class/net`` (tests: a recorded tree)."""
+    nics: tuple[str, ...] = ()
+    """Interfaces ``nic_link`` must find up; empty: every physical interface that is administratively up."""
+    ib_devices: tuple[str, ...] = ()
+    """InfiniBand devices that must exist (``mlx5_0``, ...); empty: whatever the host has."""
+    max_ib_errors: int = 100
+    """An InfiniBand error counter above this fails ``ib_port_errors`` (low); ``link_downed`` above 5 always does."""
+    max_carrier_changes: int = 20
+    """More carrier changes since boot fail ``nic_flaps`` (low): a flapping link."""
+    max_nvlink_errors: int = 100
+    """An NVLink replay/recovery/CRC counter above this fails ``nvlink_errors`` (low)."""
 
 
 @dataclass(frozen=True)

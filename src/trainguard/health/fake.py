@@ -42,6 +42,8 @@ class FakeGpu:
     max_sm_clock_mhz: int | None = 1980
     power_mw: int | None = 650_000
     """Board power draw in milliwatts (telemetry)."""
+    nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    """Link -> (replay, recovery, CRC flit, CRC data) error counters; links not listed count none."""
 
 
 @dataclass
@@ -120,6 +122,13 @@ class FakeNvml:
         if link >= len(links):
             raise FakeNvmlError(NVML_ERROR_NOT_SUPPORTED)
         return int(links[link])
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        gpu = self._gpu(handle)
+        links = self._need(gpu.nvlink)
+        if link >= len(links) or not 0 <= counter <= 4:
+            raise FakeNvmlError(NVML_ERROR_NOT_SUPPORTED)
+        return int((gpu.nvlink_errors.get(link) or (0, 0, 0, 0, 0))[counter]) if counter < 4 else 0
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         return int(self._need(self._gpu(handle).temperature_c))
