@@ -108,3 +108,26 @@ def test_drain_policy_and_return_over_kubernetes(api: FakeApiServer, tmp_path: P
     assert return_node(a, "gpu-4", good, passes=1, sleep=lambda s: None).status == "refused"  # the operator's
     out = return_node(a, "gpu-3", good, passes=2, interval_seconds=0, sleep=lambda s: None)
     assert out.status == "returned" and not api.nodes["gpu-3"]["spec"]["unschedulable"]
+
+
+def test_the_rbac_manifest_grants_exactly_what_the_adapter_uses(api: FakeApiServer, tmp_path: Path) -> None:
+    import yaml
+
+    manifest = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "rbac" / "drain.yaml"
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    granted = {(res, verb) for d in docs if d["kind"] in ("ClusterRole", "Role") for rule in d["rules"]
+               for res in rule["resources"] for verb in rule["verbs"]}
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding")}
+    assert bound == {d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    a = adapter(api)
+    policy = DrainPolicy(DrainSettings(scheduler="kubernetes", max_share=1.0, max_cluster_share=0.9), a,
+                         tmp_path / "run", "r", "gpu-1")  # a cluster limit: the cluster's nodes are listed
+    policy.decide(Verdict("gpu-3", "lost", "node lost", 0))
+    return_node(a, "gpu-3", lambda: [CheckResult("injected", "high", True)], passes=1)
+    verbs = {("GET", True): "list", ("GET", False): "get", ("PATCH", False): "patch", ("POST", True): "create"}
+    used = set()
+    for r in api.requests:
+        parts = r["path"].strip("/").split("/")
+        resource = parts[-1] if parts[-1] in ("nodes", "pods", "events") else parts[-2]
+        used.add((resource, verbs[(r["method"], parts[-1] == resource)]))
+    assert used == granted, (used, granted)
