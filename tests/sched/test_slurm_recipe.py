@@ -2,13 +2,14 @@
 
 One job, an unmodified plain DDP script on n1, n2, n3 (one gloo rank each), with ``DRAIN_BAD_NODES=1``:
 
-1. n2 dies mid-training (its slurmd, slurmstepd, agent and worker SIGKILLed): n1 records it lost and drains it
-   in Slurm (``sinfo -R`` shows trainguard's reason); Slurm removes it from the job (``--no-kill``).
+1. n2 dies mid-training (its slurmd, slurmstepd, agent and worker SIGKILLed): a survivor records it lost and
+   drains it in Slurm (``sinfo -R`` shows trainguard's reason); Slurm removes it from the job (``--no-kill``).
 2. At the restart n3 fails a high-severity health check (chaos ``unhealthy@node=n3,attempt=1``): it is excluded
    (exit 5), and its drain is refused by the rate limit (one drain of 3 nodes allowed: ``DRAIN_MAX_SHARE=0.34``).
+   (Which of the two decisions comes first is up to two agents; the test follows the one drained.)
 3. n1 alone is below ``MIN_NODES=2``: its rendezvous times out (exit 1, "restart me"), and the batch script
    requeues the job with ``ExcNodeList=n3``.
-4. n2 is repaired (its slurmd restarted: still drained); ``trainguard health --return-node`` refuses n1 (not
+4. n2 is repaired (its slurmd restarted: still drained); ``trainguard health --return-node`` refuses n3 (not
    drained) and a node an operator drained, and returns n2 after two passing check rounds.
 5. The requeued job runs on n1 and n2 and completes from the script's own checkpoint; ``trainguard report``
    adds up; ``trainguard hosts`` shows n2 drained and returned.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -108,31 +108,37 @@ def test_recipe_survives_node_death_and_failed_check_then_requeues_without_the_b
     wait_for("the requeue", requeued, 120, context)
     drained = [r for r in records(run_dir, "agent-") if r["type"] == "node_drained"]
     by_node = {r["node"]: r for r in drained}
-    assert by_node["n2"]["status"] == "drained" and by_node["n2"]["cause"] == "lost", drained
-    assert by_node["n2"]["reason"].startswith("trainguard: node lost"), drained
-    assert by_node["n3"]["status"] == "refused" and by_node["n3"]["cause"] == "health", drained
-    assert "rate limit" in by_node["n3"]["detail"], drained
+    assert by_node["n2"]["cause"] == "lost" and by_node["n3"]["cause"] == "health", drained
+    # The first decision drains, the second is refused by the rate limit (one of 3 nodes). n2's is nearly always
+    # first (its loss is recorded before the restart that fails n3's check), but the two are made by different
+    # agents, so the order is not guaranteed: the test follows whichever node was drained.
+    statuses = sorted((r["status"], r["node"]) for r in drained)
+    assert [s for s, _ in statuses] == ["drained", "refused"], drained
+    bad, spared = statuses[0][1], statuses[1][1]
+    assert "rate limit: 1 of the job's 3 nodes drained" in by_node[spared]["detail"], drained
+    expected_reason = {"n2": "trainguard: node lost (agent silent for 4 s), run {job} attempt 0",
+                       "n3": "trainguard: failed health check injected: node marked unhealthy by fault injection"}
     reasons = slurm.run("sinfo", "-h", "-R", "-o", "%N|%E").stdout
-    assert f"n2|trainguard: node lost (agent silent for 4 s), run {job} attempt 0" in reasons, reasons
-    assert "n3" not in reasons  # the refused drain left n3 alone
+    assert f"{bad}|{expected_reason[bad].format(job=job)}" in reasons, reasons
+    assert spared not in reasons  # the refused drain left it alone
     excluded = {r["node"] for r in records(run_dir, "agent-") if r["type"] == "node_excluded"}
     assert {"n2", "n3"} <= excluded
 
     # 4. n2 is repaired; trainguard returns only what it drained
     slurm.restart_node("n2")
-    assert "drain" in slurm.run("scontrol", "show", "node", "-o", "n2").stdout.lower()
+    assert "drain" in slurm.run("scontrol", "show", "node", "-o", bad).stdout.lower()
     cli_env = {**slurm.env(), "TRAINGUARD_DB": str(db)}
-    r = trainguard("health", "--return-node", "n1", "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
+    r = trainguard("health", "--return-node", spared, "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
     assert r.code == 3 and "not drained" in r.err, r
-    slurm.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=fan replaced, burn-in")
-    r = trainguard("health", "--return-node", "n3", "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
-    assert r.code == 3 and "not by trainguard" in r.err, r
-    slurm.run("scontrol", "update", "NodeName=n3", "State=RESUME")
-    r = trainguard("health", "--return-node", "n2", "--scheduler", "slurm", "--no-torch", "--no-gpu", "--passes",
+    slurm.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=fan replaced, burn-in")
+    r = trainguard("health", "--return-node", "n1", "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
+    assert r.code == 3 and "not by trainguard" in r.err and "fan replaced" in r.err, r
+    slurm.run("scontrol", "update", "NodeName=n1", "State=RESUME")
+    r = trainguard("health", "--return-node", bad, "--scheduler", "slurm", "--no-torch", "--no-gpu", "--passes",
                    "2", "--pass-interval", "0.5", "--json", timeout=60, env=cli_env)
     assert r.code == 0, r
     assert json.loads(r.out)["status"] == "returned"
-    assert "drain" not in slurm.run("scontrol", "show", "node", "-o", "n2").stdout.lower()
+    assert "drain" not in slurm.run("scontrol", "show", "node", "-o", bad).stdout.lower()
 
     # 5. the requeued job completes on n1 + n2 from the checkpoint
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's two-minute requeue delay
@@ -160,12 +166,12 @@ def test_recipe_survives_node_death_and_failed_check_then_requeues_without_the_b
     kinds = {i["kind"] for i in doc["interruptions"]}
     assert "node-lost" in kinds, doc["interruptions"]
     drains = doc["drains"]
-    assert [(d["node"], d["status"]) for d in drains] == [("n2", "drained"), ("n3", "refused")], drains
+    assert sorted((d["node"], d["status"]) for d in drains) == sorted([(bad, "drained"), (spared, "refused")])
 
     # fleet view: n2 drained by trainguard, then returned
     hosts_doc = trainguard("hosts", "--json", "--db", str(db), timeout=60)
     assert hosts_doc.code == 0, hosts_doc.err
-    n2 = next(h for h in json.loads(hosts_doc.out) if h["host"] == "n2")
-    assert n2["drains"]["drained"] == 1 and n2["drains"]["returned"] == 1 and n2["drains"]["state"] == "returned"
-    assert shutil.which("sinfo")
+    fleet = {h["host"]: h for h in json.loads(hosts_doc.out)}
+    assert fleet[bad]["drains"]["drained"] == 1 and fleet[bad]["drains"]["returned"] == 1
+    assert fleet[bad]["drains"]["state"] == "returned" and fleet[spared]["drains"]["refused"] == 1
     print(f"slurm recipe test: {time.monotonic() - started:.0f} s")

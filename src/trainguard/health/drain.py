@@ -284,11 +284,26 @@ def drain_verdicts(cfg: Any, verdicts: Iterable[Verdict], emit: Callable[[Event]
 # --- the agent's hooks (`trainguard.launch.admission`, `trainguard.launch.failures`) ----------------------
 
 
+_PENDING: list[threading.Thread] = []
+"""Decisions this process started off the critical path and that may still run."""
+_PENDING_WAIT_SECONDS = 30.0
+
+
+def _wait_for_pending() -> None:
+    """Let this process's earlier decisions finish first, so they meet the rate limit in the order they were
+    made (bounded: each scheduler call has its own time limit)."""
+    deadline = time.monotonic() + _PENDING_WAIT_SECONDS
+    for t in list(_PENDING):
+        t.join(max(0.0, deadline - time.monotonic()))
+    _PENDING[:] = [t for t in _PENDING if t.is_alive()]
+
+
 def after_admission(cfg: Any, attempt: int, health_failures: Sequence[str], lemon: bool,
                     emit: Callable[[Event], None]) -> None:
     """This node failed high-severity checks or is a lemon and leaves: drain it (synchronously: it is leaving)."""
     if getattr(cfg, "drain", None) is None or not (health_failures or lemon):
         return
+    _wait_for_pending()
     verdict = (health_verdict(cfg.node_id, attempt, health_failures) if health_failures
                else lemon_verdict(cfg.node_id, attempt))
     drain_verdicts(cfg, [verdict], emit)
@@ -306,7 +321,9 @@ def _in_background(cfg: Any, verdicts: list[Verdict], emit: Callable[[Event], No
         except Exception as exc:  # the event file may be closed by now: the ledger still has the decision
             log.warning("drain decision not recorded: %s", exc)
 
-    threading.Thread(target=work, name="trainguard-drain").start()
+    t = threading.Thread(target=work, name="trainguard-drain")
+    _PENDING.append(t)
+    t.start()
 
 
 def after_diagnosis(cfg: Any, diagnosis: Diagnosis, emit: Callable[[Event], None]) -> None:
