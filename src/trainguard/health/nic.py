@@ -6,7 +6,8 @@ it at recorded trees). Nothing is written and nothing blocks: sysfs reads answer
 
 * ``ib_port_state`` (high): a port is not ``ACTIVE`` or not ``LinkUp``, or an expected device is missing;
 * ``ib_port_errors`` (low): an error counter (symbol errors, link recoveries, link downs, ...) is over its limit;
-* ``nic_link`` (high): a physical interface that is administratively up has no link;
+* ``nic_link`` (high for the interfaces named in ``nics``, low for those found): an interface that is
+  administratively up has no link;
 * ``nic_flaps`` (low): a physical interface's carrier changed more than ``max_carrier_changes`` times since boot.
 """
 
@@ -91,7 +92,8 @@ def _physical(root: Path) -> list[Path]:
 
 
 def check_nics(config: HealthConfig) -> list[CheckResult]:
-    """Ethernet/IPoIB links: administratively up but no link (high), carrier flapping (low)."""
+    """Ethernet/IPoIB links: administratively up but no link (high when named in ``nics``, else low), carrier
+    flapping (low)."""
     root = Path(config.sysfs_root)
     base = root / "class" / "net"
     if config.nics:
@@ -101,7 +103,7 @@ def check_nics(config: HealthConfig) -> list[CheckResult]:
     if not interfaces:
         why = "no physical network interface that is up (nothing to check)" if base.is_dir() else \
             "no /sys/class/net here"
-        return [skipped("nic_link", HIGH, why), skipped("nic_flaps", LOW, why)]
+        return [skipped("nic_link", HIGH if config.nics else LOW, why), skipped("nic_flaps", LOW, why)]
     down, flapping, good = [], [], []
     for iface in interfaces:
         state = _read(iface / "operstate")
@@ -115,8 +117,11 @@ def check_nics(config: HealthConfig) -> list[CheckResult]:
         changes = _int(iface / "carrier_changes")
         if changes is not None and changes > config.max_carrier_changes:
             flapping.append(f"{iface.name}: carrier changed {changes} times (limit {config.max_carrier_changes})")
+    # Interfaces named in the config are the job's: no link there is high. Found ones may include a spare port
+    # left up without a cable, which must not exclude a healthy node: low (drain later, someone looks at it).
+    severity = HIGH if config.nics else LOW
     return [
-        failed("nic_link", HIGH, "; ".join(down)) if down else passed("nic_link", HIGH, ", ".join(good)),
+        failed("nic_link", severity, "; ".join(down)) if down else passed("nic_link", severity, ", ".join(good)),
         failed("nic_flaps", LOW, "; ".join(flapping)) if flapping
         else passed("nic_flaps", LOW, f"carrier changes within {config.max_carrier_changes}"),
     ]
