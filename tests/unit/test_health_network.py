@@ -39,7 +39,7 @@ def test_this_machines_sysfs() -> None:
     """Whatever this host has: the checks run, never raise, and agree with /sys."""
     ib = by_name(check_ib(HealthConfig(node="n")))
     has_ib = any(Path("/sys/class/infiniband").glob("*/ports/*"))
-    assert ib["ib_port_state"].skipped == (not has_ib) and ib["ib_port_state"].severity == HIGH
+    assert ib["ib_port_state"].skipped == (not has_ib) and ib["ib_port_state"].severity == LOW  # none named
     nics = by_name(check_nics(HealthConfig(node="n")))
     physical_up = [i.name for i in Path("/sys/class/net").iterdir()
                    if (i / "device").exists() and int((i / "flags").read_text(), 16) & 1]
@@ -77,6 +77,15 @@ def test_a_down_port_fails_high_and_erring_ports_fail_low(tmp_path: Path) -> Non
 def test_no_infiniband_is_skipped(tmp_path: Path) -> None:
     res = by_name(check_ib(HealthConfig(node="n", sysfs_root=tmp_path)))
     assert res["ib_port_state"].skipped and res["ib_port_state"].ok and "no InfiniBand" in res["ib_port_state"].detail
+
+
+def test_found_ports_are_low_named_ones_high(tmp_path: Path) -> None:
+    ib_port(tmp_path, "mlx5_0", 1, "4: ACTIVE", "5: LinkUp")
+    ib_port(tmp_path, "mlx5_0", 2, "1: DOWN", "2: Polling")  # the uncabled second port of a dual-port adapter
+    found = by_name(check_ib(HealthConfig(node="n", sysfs_root=tmp_path)))["ib_port_state"]
+    assert not found.ok and found.severity == LOW and "mlx5_0 port 2" in found.detail
+    named = by_name(check_ib(HealthConfig(node="n", sysfs_root=tmp_path, ib_devices=("mlx5_0",))))["ib_port_state"]
+    assert not named.ok and named.severity == HIGH
 
 
 def test_links_down_and_flapping(tmp_path: Path) -> None:

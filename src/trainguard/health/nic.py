@@ -4,7 +4,8 @@ Read from ``<sysfs_root>/class/infiniband/<device>/ports/<n>/{state,phys_state,c
 ``<sysfs_root>/class/net/<interface>/{operstate,carrier_changes,flags}`` (``sysfs_root`` is ``/sys``; tests point
 it at recorded trees). Nothing is written and nothing blocks: sysfs reads answer from the kernel.
 
-* ``ib_port_state`` (high): a port is not ``ACTIVE`` or not ``LinkUp``, or an expected device is missing;
+* ``ib_port_state`` (high for the devices named in ``ib_devices``, low for those found): a port is not ``ACTIVE``
+  or not ``LinkUp``, or a named device is missing;
 * ``ib_port_errors`` (low): an error counter (symbol errors, link recoveries, link downs, ...) is over its limit;
 * ``nic_link`` (high for the interfaces named in ``nics``, low for those found): an interface that is
   administratively up has no link;
@@ -62,7 +63,7 @@ def check_ib(config: HealthConfig) -> list[CheckResult]:
     missing = [d for d in config.ib_devices if not (root / "class" / "infiniband" / d).is_dir()]
     if not ports and not missing:
         why = "no InfiniBand or RoCE devices on this host (/sys/class/infiniband is empty or absent)"
-        return [skipped("ib_port_state", HIGH, why), skipped("ib_port_errors", LOW, why)]
+        return [skipped("ib_port_state", HIGH if config.ib_devices else LOW, why), skipped("ib_port_errors", LOW, why)]
     bad_state = [f"{d}: device missing" for d in missing]
     bad_counters: list[str] = []
     for dev, num, port in ports:
@@ -78,8 +79,11 @@ def check_ib(config: HealthConfig) -> list[CheckResult]:
             if value is not None and value > limit:
                 bad_counters.append(f"{dev} port {num}: {name} {value} (limit {limit})")
     n = len(ports)
-    out = [failed("ib_port_state", HIGH, "; ".join(bad_state)) if bad_state
-           else passed("ib_port_state", HIGH, f"{n} port(s) ACTIVE, LinkUp")]
+    # Ports of devices named in the config are the job's: high. Found ones may include an uncabled second port
+    # of a dual-port adapter, which must not exclude a healthy node: low.
+    severity = HIGH if config.ib_devices else LOW
+    out = [failed("ib_port_state", severity, "; ".join(bad_state)) if bad_state
+           else passed("ib_port_state", severity, f"{n} port(s) ACTIVE, LinkUp")]
     out.append(failed("ib_port_errors", LOW, "; ".join(bad_counters)) if bad_counters
                else passed("ib_port_errors", LOW, f"error counters of {n} port(s) within {config.max_ib_errors}"))
     return out
