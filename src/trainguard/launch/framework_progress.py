@@ -6,12 +6,8 @@ with ``framework`` set for every save the framework makes (a Hugging Face ``chec
 files and keeps the newest successful one. It reads each file once, from where it stopped, and decodes only
 the lines that are such records, so a failure costs the bytes written since the last one.
 
-The agent's ``_apply_policy`` passes it as::
-
-    AttemptOutcome(best_step=..., latest_checkpoint=..., framework_checkpoint=self.framework_checkpoints.latest())
-
-with ``self.framework_checkpoints = FrameworkCheckpoints(self.layout)`` built once. (The framework's global
-step itself needs nothing: with an adapter it is the heartbeat's step.)
+The agent builds one per run and passes ``latest()`` as ``AttemptOutcome.framework_checkpoint`` after each failed
+attempt. (The framework's global step itself needs nothing: with an adapter it is the heartbeat's step.)
 """
 
 from __future__ import annotations

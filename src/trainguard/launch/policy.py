@@ -22,8 +22,8 @@ class AttemptOutcome:
     latest_checkpoint: int | None
     """Newest committed trainguard checkpoint step after the attempt; None when there is none."""
     framework_checkpoint: int | None = None
-    """Newest checkpoint the script's framework saved so far (the global step of its adapter's last successful
-    ``checkpoint_save_finished``); None when no adapter reported one."""
+    """Newest checkpoint the script's framework saved so far (the highest global step of its adapter's successful
+    ``checkpoint_save_finished`` records); None when no adapter reported one."""
 
 
 @dataclass(frozen=True)
