@@ -52,6 +52,7 @@ from trainguard.launch.framework_progress import FrameworkCheckpoints
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
+from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
 from trainguard.launch.watchdog import Verdict, Watchdog
@@ -77,8 +78,10 @@ def _auto_instrument_path() -> str | None:
 class GuardAgent(ElasticAgentBase):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
-    def __init__(self, spec: Any, cfg: SupervisorConfig) -> None:
+    def __init__(self, spec: Any, cfg: SupervisorConfig, signals: StopSignals | None = None) -> None:
         self.cfg = cfg
+        self.signals = signals or StopSignals.from_setting(cfg.signals_to_handle)
+        """The run's stop signals: one swallowed by a guard is raised again at the next phase (`check`)."""
         self.layout = cfg.layout
         self.attempt = -1
         super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
@@ -177,9 +180,11 @@ class GuardAgent(ElasticAgentBase):
                               self.get_worker_group().spec.rdzv_handler, self.emit)
 
     def on_rendezvous(self, worker_group: WorkerGroup) -> None:
+        self.signals.check()
         self.attempt += 1
         admission.apply_node_chaos(self.faults, self.cfg, self.attempt, self.emit)
         self._health_gate()
+        self.signals.check()  # health checks guard themselves with `except Exception`
         first = self.attempt == 0
         self.torch_rendezvous(worker_group)
         if first:  # a spare joining a running job continues the job's attempt numbers
@@ -229,7 +234,10 @@ class GuardAgent(ElasticAgentBase):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.corruption.rollback()
         self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
-        return self.torch_start_workers(worker_group)
+        self.signals.check()
+        pids = self.torch_start_workers(worker_group)
+        self.signals.install()  # torch's process context registered its own handlers, which forget a signal
+        return pids
 
     def open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None:
         """Folders, watchdog and ``AttemptStarted`` of ``self.attempt`` (a launch or an in-process restart)."""
@@ -276,6 +284,7 @@ class GuardAgent(ElasticAgentBase):
         return workers.procs() if workers is not None else {}
 
     def on_monitor(self, worker_group: WorkerGroup) -> RunResult:
+        self.signals.check()
         marker = self.corruption.found(self.attempt)
         if marker is not None:
             return self._on_sdc(worker_group, marker)
@@ -500,6 +509,8 @@ class GuardAgent(ElasticAgentBase):
 
     def on_shutdown(self, death_sig: signal.Signals) -> None:
         """Every stop (restart, hang, end of run, a signal to the agent) gets our grace, not torch's 30 s."""
+        if self.signals.first is not None:
+            self.signals.disarm()  # stopping for a signal: a second one must not cut the stop short
         self.stop_local_workers(death_sig)
         # The base class closes log files and stops its watchdog and health-check server; the processes
         # are gone by now, so its own signal-and-wait finds nothing left to wait for.

@@ -10,13 +10,16 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard import errors
 from trainguard.events import FailureDetected, RunEnded
 from trainguard.launch.config import SupervisorConfig, parse_signals
 from trainguard.protocol import read_heartbeat
 from trainguard.rundir import RunDir
+
+if TYPE_CHECKING:
+    from trainguard.launch.signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +85,21 @@ def torch_agent_environment(cfg: SupervisorConfig) -> Iterator[None]:
 
 def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     """Run the job's workers on this node until it completes, fails for good, or this node is excluded."""
-    with torch_agent_environment(cfg):
-        return _supervise(cfg)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from trainguard.launch.signals import StopSignals
+
+    # The stop signals are ours from here on (torch installs its own only when it first starts workers, after
+    # the rendezvous and health checks): a signal in any phase stops the run, and is never forgotten.
+    signals = StopSignals.from_setting(cfg.signals_to_handle)
+    signals.install()
+    try:
+        with torch_agent_environment(cfg):
+            return _supervise(cfg, signals)
+    except SignalException as exc:  # before the agent existed: nothing started, nothing to close
+        return SupervisorResult(130, "aborted", f"stopped by signal {exc.sigval}", 0, None)
+    finally:
+        signals.restore()
 
 
 def _check_torch() -> None:
@@ -100,7 +116,7 @@ def _check_torch() -> None:
                                            "trainguard run cannot supervise workers on it (use torchrun)")
 
 
-def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
+def _supervise(cfg: SupervisorConfig, signals: StopSignals) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -120,10 +136,11 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
     spec = WorkerSpec(role=cfg.role, local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
                       monitor_interval=cfg.monitor_interval_seconds)
-    agent = GuardAgent(spec, cfg)
+    agent = GuardAgent(spec, cfg, signals=signals)
     status, reason, code = "failed", "", EXIT_FAILED
     try:
         result = agent.run()
+        signals.disarm()
         if agent.excluded_reason is not None:
             status, reason, code = "excluded", f"node excluded: {agent.excluded_reason}", EXIT_EXCLUDED
         elif result is not None and result.state == WorkerState.SUCCEEDED:
@@ -131,14 +148,18 @@ def _supervise(cfg: SupervisorConfig) -> SupervisorResult:
         else:
             reason = agent.stop_reason or f"restart budget spent ({cfg.max_restarts} restarts)"
     except SignalException as exc:
+        signals.disarm()
         status, reason, code = "aborted", f"stopped by signal {exc.sigval}", 130
+        agent.close_attempt("stopped", None)  # torch's run stopped the workers before re-raising
     except Exception as exc:  # the rendezvous store vanished, a peer agent died, ...
+        signals.disarm()
         log.debug("agent failed", exc_info=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         status, reason = "failed", f"agent error: {exc.__class__.__name__}: {first[:300]}"
         lost = agent.record_lost_peers()  # with c10d the store dies with its host: say which node that was
         if lost:
             reason += f" (node {', '.join(lost)} lost)"
+        agent.close_attempt("failure", None)
     finally:
         if status in ("completed", "failed"):
             try:
