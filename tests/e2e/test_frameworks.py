@@ -138,9 +138,15 @@ def _check(run_dir: Path, rep: dict[str, Any], *, steps: int, resumes: list[int]
     assert rep["ettr"] == pytest.approx(rep["productive_seconds"] / rep["wall_seconds"], rel=1e-6)
 
 
-def _one_prefix(console: str) -> None:
+def _one_prefix(console: str, run_dir: Path | None = None) -> None:
+    """No console line carries its rank prefix twice; with ``run_dir``: some worker line did bring its own."""
     doubled = re.findall(r"^\[rank(\d+)\]: ?\[rank\1\]:.*$", console, re.MULTILINE)
     assert not doubled, doubled[:3]
+    if run_dir is not None:  # torch's own prefix (C++ warnings, tracebacks) is in the worker's log
+        own = [m for log in (run_dir / "logs").glob("attempt-*/rank-*.log")
+               for m in re.finditer(r"^\[rank(\d+)\]: ?(.+)$", log.read_text(errors="replace"), re.MULTILINE)]
+        assert own
+        assert any(f"[rank{m[1]}]: {m[2]}"[:60] in console for m in own)
 
 
 @pytest.mark.parametrize(("optim", "save_only_model"), [pytest.param("adamw_torch", False, id="adamw"),
@@ -153,7 +159,7 @@ def test_hf_trainer_crash_after_a_checkpoint(tmp_path: Path, optim: str, save_on
     run_dir, console = _run(tmp_path, script, "crash@step=24,rank=1")
     _check(run_dir, _report(run_dir), steps=30, resumes=[20], lost_steps=[3])
     assert "done at global step 30" in console
-    _one_prefix(console)
+    _one_prefix(console, run_dir)  # the DDP reducer's C++ warning comes with torch's "[rankN]:"
 
 
 def test_hf_trainer_resuming_further_each_attempt_is_not_stopped_for_no_progress(tmp_path: Path) -> None:
