@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_BYTES = 256
+PROCESS_STATE_FILE = "process_state.json"
+"""In an attempt's evidence folder: what the agent saw of each live rank when it gathered the evidence
+(written by `trainguard.launch.evidence.gather`, read by `trainguard.localize.observed`). Its presence means
+the agent's evidence is in: a rank's own dump on its way out must not replace what the decision used."""
 """Fixed size of a heartbeat file: rewritten in place with one ``pwrite`` per update."""
 HEARTBEAT_VERSION = "v2"
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.localize.reader import MAX_RANK
+from trainguard.protocol import PROCESS_STATE_FILE
 
-PROCESS_STATE_FILE = "process_state.json"
+__all__ = ["PROCESS_STATE_FILE", "Observed", "read_observed"]
 _MAX_BYTES = 1 << 20
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from trainguard import chaos
 from trainguard.eventlog import EventWriter
 from trainguard.events import Event, FaultInjected, StepCompleted
-from trainguard.protocol import SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
+from trainguard.protocol import PROCESS_STATE_FILE, SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
 from trainguard.safefs import open_heartbeat
 from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready, write_evidence
 from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read_pg_status
@@ -221,7 +221,10 @@ class Runtime:
         previous = sys.excepthook
 
         def last_words(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-            if not self._disabled and not self.closed and not issubclass(kind, KeyboardInterrupt):
+            # Once the agent gathered this attempt's evidence (it is deciding, and stopping us), a dump written
+            # now would replace the one its decision used, and tell a later `diagnose` another story.
+            gathered = (evidence / PROCESS_STATE_FILE).exists()
+            if not self._disabled and not self.closed and not issubclass(kind, KeyboardInterrupt) and not gathered:
                 try:
                     text = "".join(traceback.format_exception(kind, exc, tb))
                     write_evidence(evidence, self.rank, preface=f"# uncaught exception, written on exit\n{text}\n")
