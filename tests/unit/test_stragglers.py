@@ -163,11 +163,11 @@ def test_a_rank_hardly_behind_the_next_slowest_is_not_named() -> None:
 
 
 def _recorded(name: str) -> list[Event]:
-    """A recorded run's step records (tests/unit/corpus/stragglers-*.json: real runs, timings as measured)."""
+    """A recorded run's step records (tests/unit/recorded/stragglers-*.json: real runs, timings as measured)."""
     import json
     from pathlib import Path
 
-    doc = json.loads((Path(__file__).parent / "corpus" / f"stragglers-{name}.json").read_text())
+    doc = json.loads((Path(__file__).parent / "recorded" / f"stragglers-{name}.json").read_text())
     return [StepCompleted(time=t, host=doc["host"], attempt=0, rank=r, step=s, duration_seconds=d, phases=ph)
             for r, s, t, d, ph in doc["rows"]]
 

@@ -189,7 +189,7 @@ class DrainPolicy:
     def __post_init__(self) -> None:
         self.ledger = DrainLedger(self.run_dir)
 
-    def _record(self, v: Verdict, status: str, reason: str, detail: str) -> NodeDrained:
+    def decision_record(self, v: Verdict, status: str, reason: str, detail: str) -> NodeDrained:
         return NodeDrained(time=self.clock(), host=self.host, node=v.node, status=status, cause=v.cause,
                            reason=reason, scheduler=self.adapter.name, attempt=v.attempt, detail=detail)
 
@@ -215,13 +215,13 @@ class DrainPolicy:
         Never raises for a scheduler problem (that is a ``failed`` record)."""
         reason = drain_reason(verdict.what, self.run_id, verdict.attempt)
         if verdict.cause not in self.settings.causes:
-            return self._record(verdict, "refused", reason, f"cause {verdict.cause} is not enabled")
+            return self.decision_record(verdict, "refused", reason, f"cause {verdict.cause} is not enabled")
         with self.ledger.locked():
             try:
                 record = self._decide_locked(verdict, reason)
             except (SchedulerError, KeyError) as exc:
                 text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-                record = self._record(verdict, "failed", reason, f"scheduler: {text}")
+                record = self.decision_record(verdict, "failed", reason, f"scheduler: {text}")
             with contextlib.suppress(OSError):
                 self.ledger.add(record)
         return record
@@ -230,18 +230,18 @@ class DrainPolicy:
         now = self.clock()
         entries = self.ledger.entries()
         if any(e.get("node") == verdict.node and e.get("status") == "drained" for e in entries):
-            return self._record(verdict, "already-drained", reason, "this run drained it before")
+            return self.decision_record(verdict, "already-drained", reason, "this run drained it before")
         state = self.adapter.node(verdict.node)
         if state.drained:
             who = "trainguard" if state.by_trainguard else (state.by or "someone")
-            return self._record(verdict, "already-drained", reason, f"drained by {who}: {state.reason}")
+            return self.decision_record(verdict, "already-drained", reason, f"drained by {who}: {state.reason}")
         why = self._limits(now, entries)
         if why is not None:
-            return self._record(verdict, "refused", reason, why)
+            return self.decision_record(verdict, "refused", reason, why)
         self.adapter.drain(verdict.node, reason)
         recent = sum(1 for e in entries if e.get("status") == "drained"
                      and now - float(e["time"]) <= self.settings.window_seconds)
-        return self._record(verdict, "drained", reason, f"{recent + 1} drained by this run within "
+        return self.decision_record(verdict, "drained", reason, f"{recent + 1} drained by this run within "
                                                         f"{self.settings.window_seconds:g} s")
 
 
@@ -271,7 +271,7 @@ def drain_verdicts(cfg: Any, verdicts: Iterable[Verdict], emit: Callable[[Event]
             record = policy.decide(v)
         except Exception as exc:  # a broken ledger folder, a bug: say so, keep recovering
             log.warning("drain of %s failed: %s", v.node, exc)
-            record = policy._record(v, "failed", drain_reason(v.what, cfg.run_id, v.attempt), str(exc))
+            record = policy.decision_record(v, "failed", drain_reason(v.what, cfg.run_id, v.attempt), str(exc))
         if record.status == "drained":
             log.warning("drained node %s in %s: %s", v.node, adapter.name, record.reason)
         elif record.status in ("refused", "failed"):
