@@ -79,12 +79,15 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
     # node1 fails its injected health check and leaves; node2, the spare, takes its place.
     inject = "hang@step=3,rank=0,attempt=0;unhealthy@node=node1,attempt=1"
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    # --rdzv-last-call 20: node1 must make the first round. With 3 s, a loaded host started node1's agent too
+    # late, node0 formed a round alone, node1's arrival restarted it as attempt 1, and the attempt-0 hang
+    # never fired (both agents completed: the test failed twice so). A round at the maximum closes at once.
 
     def start(node: str) -> None:
         procs[node] = start_trainguard(
             "run", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
             "--rdzv-id", "spares", "--node-id", node, "--run-dir", str(run_dir), "--json",
-            "--inject", inject, "--hang-floor", "60", "--rdzv-last-call", "3",
+            "--inject", inject, "--hang-floor", "60", "--rdzv-last-call", "20",
             "--", str(TRAIN_GPT), "--steps", str(STEPS), "--ckpt-every", "2", *TINY,
             log=tmp_path / f"{node}.log",
         )
