@@ -50,6 +50,7 @@ from trainguard.launch.failures import (
 )
 from trainguard.launch.framework_progress import FrameworkCheckpoints
 from trainguard.launch.inprocess import InProcessRestarts
+from trainguard.launch.lifetime import ProcessTracker
 from trainguard.launch.logs import RunDirLogs
 from trainguard.launch.policy import AttemptOutcome, NoProgressRule
 from trainguard.launch.signals import StopSignals
@@ -78,10 +79,13 @@ def _auto_instrument_path() -> str | None:
 class GuardAgent(ElasticAgentBase):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
-    def __init__(self, spec: Any, cfg: SupervisorConfig, signals: StopSignals | None = None) -> None:
+    def __init__(self, spec: Any, cfg: SupervisorConfig, signals: StopSignals | None = None,
+                 lifetime: ProcessTracker | None = None) -> None:
         self.cfg = cfg
         self.signals = signals or StopSignals.from_setting(cfg.signals_to_handle)
         """The run's stop signals: one swallowed by a guard is raised again at the next phase (`check`)."""
+        self.lifetime = lifetime or ProcessTracker()
+        """The marker in the workers' environment, and the sweeps of processes that outlive their worker."""
         self.layout = cfg.layout
         self.attempt = -1
         super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
@@ -211,6 +215,7 @@ class GuardAgent(ElasticAgentBase):
             chaos=self.cfg.chaos, pg_timeout_seconds=self.cfg.pg_timeout_seconds(), auto=self.cfg.auto_instrument,
         ).to_environ()
         env[sdc.ENV_CHECK_EVERY] = str(self.cfg.sdc_check_every)
+        env.update(self.lifetime.environ(self.attempt))
         if self.inprocess is not None:
             env.update(self.inprocess.environ())
         paths = [self._base_pythonpath] if self._base_pythonpath else []
@@ -485,6 +490,7 @@ class GuardAgent(ElasticAgentBase):
             self._attempt_closed = True
             self.emit(AttemptEnded(time=time.time(), host=self.cfg.node_id, attempt=self.attempt,
                                    reason=reason, exit_code=exit_code))
+            self.lifetime.sweep()  # what detached from a worker that ended (a setsid child) ends with it
 
     def _apply_policy(self, beats: dict[int, Heartbeat | None], ev: evidence.GatheredEvidence) -> None:
         """Stop when several failed attempts in a row made no progress, or the budget is spent."""
@@ -521,3 +527,4 @@ class GuardAgent(ElasticAgentBase):
         if procs:
             took = stop_processes(procs, self.cfg.stop_grace_seconds, death_sig)
             log.info("%d worker(s) of attempt %d stopped in %.2fs", len(procs), self.attempt, took)
+        self.lifetime.sweep()  # descendants that left the workers' sessions: out of reach of the group kill

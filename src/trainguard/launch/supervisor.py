@@ -19,6 +19,7 @@ from trainguard.protocol import read_heartbeat
 from trainguard.rundir import RunDir
 
 if TYPE_CHECKING:
+    from trainguard.launch.lifetime import ProcessTracker
     from trainguard.launch.signals import StopSignals
 
 log = logging.getLogger(__name__)
@@ -87,18 +88,23 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     """Run the job's workers on this node until it completes, fails for good, or this node is excluded."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    from trainguard.launch.lifetime import ProcessTracker
     from trainguard.launch.signals import StopSignals
 
     # The stop signals are ours from here on (torch installs its own only when it first starts workers, after
     # the rendezvous and health checks): a signal in any phase stops the run, and is never forgotten.
     signals = StopSignals.from_setting(cfg.signals_to_handle)
     signals.install()
+    # Before any worker exists: the lifeline ends the run's processes if this process dies, even by SIGKILL.
+    lifetime = ProcessTracker()
+    lifetime.start_lifeline()
     try:
         with torch_agent_environment(cfg):
-            return _supervise(cfg, signals)
+            return _supervise(cfg, signals, lifetime)
     except SignalException as exc:  # before the agent existed: nothing started, nothing to close
         return SupervisorResult(130, "aborted", f"stopped by signal {exc.sigval}", 0, None)
     finally:
+        lifetime.close()  # whatever of the run is still running (a setsid child of a finished worker) ends here
         signals.restore()
 
 
@@ -116,7 +122,7 @@ def _check_torch() -> None:
                                            "trainguard run cannot supervise workers on it (use torchrun)")
 
 
-def _supervise(cfg: SupervisorConfig, signals: StopSignals) -> SupervisorResult:
+def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTracker) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -136,7 +142,7 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals) -> SupervisorResult:
     spec = WorkerSpec(role=cfg.role, local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
                       monitor_interval=cfg.monitor_interval_seconds)
-    agent = GuardAgent(spec, cfg, signals=signals)
+    agent = GuardAgent(spec, cfg, signals=signals, lifetime=lifetime)
     status, reason, code = "failed", "", EXIT_FAILED
     try:
         result = agent.run()

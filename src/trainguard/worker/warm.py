@@ -61,6 +61,9 @@ def preload(modules: list[str]) -> int:
 def _take_over(assignment: dict[str, Any]) -> None:
     """Become the rank: its environment, its log files, trainguard's automatic hooks if the agent wants them."""
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
+    from trainguard.worker.bootstrap import die_with_agent
+
+    die_with_agent()  # a rank now: it ends with the agent, as the ranks torch started do
     for fd, key in ((1, "stdout"), (2, "stderr")):
         path = assignment.get(key)
         if path:
