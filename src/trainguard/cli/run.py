@@ -215,6 +215,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
             in_process_timeout_seconds=float(getattr(args, "in_process_timeout", 30.0)),
             warm_spares=int(getattr(args, "warm_spares", 0)),
             fresh_processes=bool(getattr(args, "fresh_processes", False)),
+            max_log_mb=getattr(args, "max_log_mb", SupervisorConfig.max_log_mb),
             drain=drain_settings(args),
         )
     except ValueError as exc:

@@ -143,6 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="a peer agent silent this long is recorded as lost and the others re-form (default 10)")
     own.add_argument("--metrics-port", type=_metrics_listen, default=None, metavar="[ADDR:]PORT",
                      help="serve Prometheus metrics of the run at /metrics (127.0.0.1 unless ADDR; docs/dashboard.md)")
+    own.add_argument("--max-log-mb", type=int, default=512, metavar="MIB",
+                     help="cap of each worker log file: at the cap it becomes <file>.1 (one rotated file kept) "
+                          "and starts over; 0 = no cap (default 512)")
     own.add_argument("--no-auto-instrument", action="store_true",
                      help="load nothing of trainguard into the workers (crash detection only for scripts "
                           "that never call trainguard.attach())")
@@ -184,6 +187,7 @@ FIELD_FLAGS = {
     "join_timeout_seconds": "--rdzv-conf join_timeout", "stop_grace_seconds": "--stop-grace",
     "node_rank": "--node-rank", "rdzv_close_timeout_seconds": "--rdzv-conf close_timeout",
     "sdc_check_every": "--sdc-check-every", "node_lost_timeout_seconds": "--node-lost-timeout",
+    "max_log_mb": "--max-log-mb",
     "redirects": "--redirects", "tee": "--tee", "local_ranks_filter": "--local-ranks-filter",
     "straggler_policy": "--straggler-policy", "straggler_probe_seconds": "--straggler-probe-seconds",
     "telemetry_seconds": "--telemetry-seconds", "signals_to_handle": "--signals-to-handle",

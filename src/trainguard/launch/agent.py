@@ -88,7 +88,9 @@ class GuardAgent(ElasticAgentBase):
         """The marker in the workers' environment, and the sweeps of processes that outlive their worker."""
         self.layout = cfg.layout
         self.attempt = -1
-        super().__init__(spec, logs_specs=RunDirLogs(cfg, lambda: self.attempt), exit_barrier_timeout=120,
+        self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
+        """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""
+        super().__init__(spec, logs_specs=self.run_logs, exit_barrier_timeout=120,
                          shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
                          log_line_prefix=getattr(cfg, "log_line_prefix", None))
         self.budget = RestartBudget(cfg.max_restarts)
@@ -521,6 +523,7 @@ class GuardAgent(ElasticAgentBase):
         # The base class closes log files and stops its watchdog and health-check server; the processes
         # are gone by now, so its own signal-and-wait finds nothing left to wait for.
         self.torch_shutdown(death_sig, timeout=1)
+        self.run_logs.finish()  # the rest of their output to the console; the files stop being followed
 
     def stop_local_workers(self, death_sig: signal.Signals) -> None:
         procs = [p for p in self._procs().values() if p.poll() is None]

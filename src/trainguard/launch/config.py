@@ -95,6 +95,9 @@ class SupervisorConfig:
     """Compare the data-parallel replicas' parameter fingerprints every this many optimizer steps (0: off);
     see docs/sdc.md. Handed to the workers as ``TRAINGUARD_SDC_EVERY``."""
     log_line_prefix: str = "[rank${rank}]: "
+    max_log_mb: int = 512
+    """Cap of each worker log file (``--max-log-mb``, MiB): at the cap it is copied to ``<file>.1`` and
+    truncated, so a stream keeps its newest part and one rotated file; 0: no cap."""
     """Prefix of each worker line on the console; ``${rank}``, ``${local_rank}``, ``${role_name}`` expand."""
     node_lost_timeout_seconds: float = 10.0
     """A peer agent whose beat (``nodes/<node>.beat``, rewritten every second) did not change for this long is
@@ -171,10 +174,11 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sdc_check_every": (0, MAX_CHECK_EVERY),
     # Below 2 s, one late beat of a busy agent would count as a lost node.
     "node_lost_timeout_seconds": (2, 3600),
+    "max_log_mb": (0, 65_536),
 }
 _INTEGER_FIELDS = frozenset({"nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "max_no_progress_attempts",
                              "last_call_seconds", "join_timeout_seconds", "node_rank", "rdzv_close_timeout_seconds",
-                             "sdc_check_every", "warm_spares"})
+                             "sdc_check_every", "warm_spares", "max_log_mb"})
 RDZV_BACKENDS = ("c10d", "etcd-v2", "static")
 """Rendezvous backends the supervisor drives."""
 

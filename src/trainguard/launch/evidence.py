@@ -75,15 +75,23 @@ TAIL_BYTES = 256 * 1024
 
 
 def log_tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of ``path`` (within its last `TAIL_BYTES`); "" when it cannot be read."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read(TAIL_BYTES)
-    except OSError:
-        return ""
+    """The last ``lines`` lines of ``path`` (within its last `TAIL_BYTES`); "" when it cannot be read. A log
+    rotated at ``--max-log-mb`` moments ago continues in its ``<file>.1`` (`trainguard.launch.output`)."""
+    data = b""
+    for part in (path, path.with_name(path.name + ".1")):
+        try:
+            with part.open("rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                want = TAIL_BYTES - len(data)
+                f.seek(max(0, size - want))
+                data = f.read(want) + data
+        except OSError:
+            if part == path:
+                return ""
+            break
+        if len(data) >= TAIL_BYTES or data.count(b"\n") > lines:
+            break
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
