@@ -43,7 +43,7 @@ from trainguard.report.drains import drain_section
 from trainguard.report.thermal_power import run_sections
 from trainguard.report.view import build_view, open_evidence
 from trainguard.web import render as pages
-from trainguard.web.catalog import Cache, Catalog, RunEntry, etag
+from trainguard.web.catalog import CACHED_SUMMARIES, Cache, Catalog, RunEntry, etag
 from trainguard.web.simview import simulation_view
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class Dashboard:
     def __init__(self, catalog: Catalog, poll_seconds: float = 5.0) -> None:
         self.catalog = catalog
         self.cache = Cache()
+        self.summaries = Cache(size=CACHED_SUMMARIES)
+        """The run list's rows, kept apart from the reports so that listing many runs evicts nothing."""
         self.poll_seconds = poll_seconds
 
     # --- data ---------------------------------------------------------------------------------------
@@ -163,7 +165,16 @@ class Dashboard:
         return self.cache.get("document", entry.path, compute)
 
     def _summary(self, entry: RunEntry) -> dict[str, Any]:
-        report, _ = self._report(entry)
+        def compute(path: Path) -> dict[str, Any]:
+            return self._summary_row(entry)
+
+        row, _ = self.summaries.get("summary", entry.path, compute)
+        if isinstance(row, Exception):  # the run itself could not be summarized (too large, unreadable)
+            return self._summary_row(entry, row)
+        return dict(row)
+
+    def _summary_row(self, entry: RunEntry, failed: Exception | None = None) -> dict[str, Any]:
+        report = failed if failed is not None else self._report(entry)[0]
         row: dict[str, Any] = {"id": entry.id, "name": entry.path.name, "path": str(entry.path),
                                "source": entry.source}
         if isinstance(report, Exception):

@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 
 CACHED_RUNS = 64
 """Runs whose report and view are kept in memory (least recently used dropped first)."""
+CACHED_SUMMARIES = 100_000
+"""Runs whose one-line summary (a few hundred bytes) is kept: the run list never recomputes a report that
+did not change, however many runs there are (with the 64 reports alone, 150 runs thrashed: 13.5 s a list)."""
+MAX_EVENT_BYTES = 512 * 1024 * 1024
+"""A run with more event bytes than this is not read by the dashboard (its memory and time would follow the
+file: a 2 GB event file took the server to its memory cap); it is listed as too large, with the command that
+reads it."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.@-]+")
 
 
@@ -146,6 +153,15 @@ def signature(path: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
+def event_bytes(sig: tuple[tuple[str, int, int], ...]) -> int:
+    """Total size of a run's event files, from its `signature`."""
+    return sum(size for _, size, _ in sig)
+
+
+class TooLarge(InputError):
+    """The run's events are too large for the dashboard to read (`MAX_EVENT_BYTES`)."""
+
+
 def etag(sig: tuple[Any, ...], kind: str) -> str:
     return '"' + hashlib.sha256(repr((kind, sig)).encode()).hexdigest()[:20] + '"'
 
@@ -153,8 +169,10 @@ def etag(sig: tuple[Any, ...], kind: str) -> str:
 class Cache:
     """Results of ``compute(path)`` per run and kind, kept while the run's event files are unchanged."""
 
-    def __init__(self, size: int = CACHED_RUNS) -> None:
+    def __init__(self, size: int = CACHED_RUNS, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.size = size
+        self.max_event_bytes = max_event_bytes
+        """Runs above this many event bytes are refused (`TooLarge`) instead of read."""
         self._items: OrderedDict[tuple[str, Path], tuple[tuple[Any, ...], Any]] = OrderedDict()
         self._locks: dict[tuple[str, Path], threading.Lock] = {}
         self._lock = threading.Lock()
@@ -172,6 +190,10 @@ class Cache:
                     self._items.move_to_end(key)
                     return hit[1], sig
             try:
+                total = event_bytes(sig)
+                if total > self.max_event_bytes:
+                    raise TooLarge(f"{total / 2**20:.0f} MiB of events, more than the dashboard reads "
+                                   f"({self.max_event_bytes / 2**20:.0f} MiB): use trainguard report {path}")
                 value: Any = compute(path)
             except TrainguardError as exc:
                 value = exc
