@@ -35,8 +35,9 @@ def test_a_real_runs_report_has_the_thermal_and_power_sections(tmp_path: Path) -
 
     text = trainguard("report", str(run_dir))
     assert text.returncode == 0, text.stderr
-    assert "power (0 device(s) with readings)" in text.stdout
-    assert "simulator model for 2 GPUs (world size (one GPU per rank))" in text.stdout
+    # A CPU-only job has no power readings: the terminal leaves the section out rather than print a model of
+    # GPUs the job never had as if it were a finding (the JSON keeps the model, labelled as one).
+    assert "power (" not in text.stdout and "simulator model for" not in text.stdout
     if samples:
         assert "thermal (" in text.stdout
 
@@ -45,5 +46,9 @@ def test_a_real_runs_report_has_the_thermal_and_power_sections(tmp_path: Path) -
         html = trainguard("report", str(run_dir), "--html", str(page))
         assert html.returncode == 0, html.stderr
         body = page.read_text()
-        assert body.count('<section id="thermal-power-section">') == 1
-        assert body.index("thermal-power-section") < body.rindex("</main>")
+        # The section holds what the terminal shows: thermal lines when this machine has sensors; nothing
+        # (no section) on a CPU-only machine without them.
+        expected = 1 if "thermal (" in text.stdout else 0
+        assert body.count('<section id="thermal-power-section">') == expected
+        if expected:
+            assert body.index("thermal-power-section") < body.rindex("</main>")

@@ -71,7 +71,7 @@ def render_text(doc: dict[str, Any]) -> list[str]:
         for f in th["throttled_hosts"]:
             if f["host"] not in slow:
                 lines.append(f"  host {f['host']}: clock throttling ({', '.join(f['reasons'])}) over the run")
-    if pw["series"] or pw["model"]:
+    if pw["series"]:  # without a single device reading (a CPU-only job) the model alone is no finding
         lines += ["", f"power ({pw['devices']} device(s) with readings)"]
         if pw["series"]:
             lines.append(f"  job draw mean {_w(pw['mean_watts'])}, peak {_w(pw['peak_watts'])}")
