@@ -67,7 +67,8 @@ class RunEnded(Event):
     TYPE: ClassVar[str] = "run_ended"
     run_id: str
     status: str
-    """``completed``, ``failed`` (restart budget spent, no progress, ...) or ``aborted`` (operator)."""
+    """``completed``, ``failed`` (restart budget spent, no progress, ...), ``aborted`` (operator), ``excluded`` or
+    ``lost`` (the run folder was deleted or replaced mid-run)."""
     reason: str = ""
     exit_code: int = 0
     completed_steps: int | None = None

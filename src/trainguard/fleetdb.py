@@ -462,6 +462,7 @@ class FleetDB:
             raise InputError(f"{rd.root}: cannot resolve the path ({exc})") from None
         path = _text(str(where))
         with self._transaction() as db:
+            self._refuse_other_run(db, rd, uid, rows)
             self._drop_legacy(db, path)
             db.execute(
                 "INSERT INTO runs (uid, run_id, name, path, started, ended, status, synthetic, indexed_at)"
@@ -476,6 +477,32 @@ class FleetDB:
             db.executemany("INSERT OR IGNORE INTO host_history VALUES (?, ?, ?, ?, ?, ?, ?)", history)
         log.info("indexed %s (%s): %d events, %d new", rd.root, uid, len(rows), new)
         return IndexResult(uid=uid, run_id=run_id, events=len(rows), new_events=new, skipped=skipped)
+
+    @staticmethod
+    def _refuse_other_run(db: sqlite3.Connection, rd: RunDir, uid: str, rows: list[tuple[Any, ...]]) -> None:
+        """Raise `InputError` when ``uid`` is already indexed with *other* records at the same places: a
+        different run that shares the key (the same run id, start time and host, as two simulated trials
+        written to folders of the same name had), whose events ``INSERT OR IGNORE`` would silently drop.
+        A record counts as the same when its type, time and host are (a newer trainguard may write more
+        fields into the body of the same record)."""
+        known = db.execute("SELECT path FROM runs WHERE uid = ?", (uid,)).fetchone()
+        if known is None:
+            return
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (writer TEXT NOT NULL, line INTEGER NOT NULL,"
+                   " type TEXT NOT NULL, time REAL NOT NULL, host TEXT NOT NULL, PRIMARY KEY (writer, line))")
+        db.execute("DELETE FROM incoming")
+        db.executemany("INSERT OR REPLACE INTO incoming VALUES (?, ?, ?, ?, ?)",
+                       [(r[1], r[2], r[3], r[4], r[5]) for r in rows])
+        differ = db.execute(
+            "SELECT COUNT(*) FROM incoming i JOIN events e ON e.run_uid = ? AND e.writer = i.writer"
+            " AND e.line = i.line WHERE e.type != i.type OR e.time != i.time OR e.host != i.host",
+            (uid,)).fetchone()[0]
+        db.execute("DELETE FROM incoming")
+        if differ:
+            raise InputError(
+                f"{rd.root}: {differ} of its records differ from those of run {uid}, already indexed from "
+                f"{known[0]}: two different runs share one key (the same run id, start time and host); nothing "
+                "of it was indexed. Give one of them its own run id (--rdzv-id, or a distinct folder name)")
 
     @staticmethod
     def _drop_legacy(db: sqlite3.Connection, path: str) -> None:

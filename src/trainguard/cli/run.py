@@ -308,6 +308,9 @@ def run(args: argparse.Namespace) -> int:
                        health_checks=not args.no_health_checks, rendezvous=rdzv,
                        check_input=lambda: check_command_exists(command, module=args.module,
                                                                 no_python=args.no_python))
+    from trainguard.launch.runlock import hold_run_dir
+
+    hold_run_dir(cfg.run_dir, cfg.node_id)  # a live run holds this folder: refused (exit 2) before anything runs
     if metrics_server is not None:
         metrics_server.follow(cfg.run_dir, cfg.node_id)
     from trainguard.launch.supervisor import supervise

@@ -91,6 +91,11 @@ class StopSignals:
                 log.debug("cannot restore %s: %s", sig.name, exc)
         self._saved.clear()
 
+    @property
+    def active(self) -> bool:
+        """Whether this object handles its signals now (installed, from the main thread)."""
+        return bool(self._saved)
+
     # --- the agent's side -----------------------------------------------------------------------------
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -20,6 +21,7 @@ from trainguard.rundir import RunDir
 
 if TYPE_CHECKING:
     from trainguard.launch.lifetime import ProcessTracker
+    from trainguard.launch.runlock import RunDirWatch
     from trainguard.launch.signals import StopSignals
 
 log = logging.getLogger(__name__)
@@ -89,8 +91,10 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from trainguard.launch.lifetime import ProcessTracker
+    from trainguard.launch.runlock import RunDirWatch, hold_run_dir
     from trainguard.launch.signals import StopSignals
 
+    lock = hold_run_dir(cfg.run_dir, cfg.node_id)  # a live run holds the folder: RunDirBusyError (exit 2)
     # The stop signals are ours from here on (torch installs its own only when it first starts workers, after
     # the rendezvous and health checks): a signal in any phase stops the run, and is never forgotten.
     signals = StopSignals.from_setting(cfg.signals_to_handle)
@@ -98,14 +102,20 @@ def supervise(cfg: SupervisorConfig) -> SupervisorResult:
     # Before any worker exists: the lifeline ends the run's processes if this process dies, even by SIGKILL.
     lifetime = ProcessTracker()
     lifetime.start_lifeline()
+    # The folder deleted or replaced: the watch stops the run as a SIGTERM does (only while ours handles it).
+    watch = RunDirWatch(cfg.run_dir, lambda: os.kill(os.getpid(), signal.SIGTERM) if signals.active else None).start()
     try:
         with torch_agent_environment(cfg):
-            return _supervise(cfg, signals, lifetime)
+            return _supervise(cfg, signals, lifetime, watch)
     except SignalException as exc:  # before the agent existed: nothing started, nothing to close
+        if watch.lost is not None:
+            return SupervisorResult(errors.EXIT_STORAGE, "lost", watch.lost, 0, None)
         return SupervisorResult(130, "aborted", f"stopped by signal {exc.sigval}", 0, None)
     finally:
+        watch.stop()
         lifetime.close()  # whatever of the run is still running (a setsid child of a finished worker) ends here
         signals.restore()
+        lock.release()
 
 
 def _check_torch() -> None:
@@ -122,7 +132,8 @@ def _check_torch() -> None:
                                            "trainguard run cannot supervise workers on it (use torchrun)")
 
 
-def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTracker) -> SupervisorResult:
+def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTracker,
+               watch: RunDirWatch) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -172,16 +183,33 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
                 handler.shutdown()
             except Exception as exc:
                 log.debug("rendezvous shutdown: %s", exc)
+    if watch.lost is not None:  # whatever stopped the run, its folder is no longer the run's
+        status, reason, code = "lost", f"{watch.lost} (stopped {watch.lost_after or 0:.1f}s after the start)", \
+            errors.EXIT_STORAGE
     agent.beat.stop(status)  # a final state: peers must not take an ended agent for a lost node
     if agent.inprocess is not None:
         agent.inprocess.close()  # the waiting warm spares
     steps = _completed_steps(agent) if agent.attempt >= 0 else None
+    ended = RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status, reason=reason,
+                     exit_code=code, completed_steps=steps)
     if agent.leader and status != "excluded":  # an excluded node no longer speaks for the job
-        agent.emit(RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status,
-                            reason=reason, exit_code=code, completed_steps=steps))
+        agent.emit(ended)
+    if watch.lost is not None:
+        reason = _keep_lost_run(cfg, agent, ended, reason)
     agent.events.close()
     return SupervisorResult(code, status, reason, agent.attempt + 1, steps, list(agent.failures),
-                            unfired_faults(cfg))
+                            unfired_faults(cfg) if watch.lost is None else ())
+
+
+def _keep_lost_run(cfg: SupervisorConfig, agent: Any, ended: RunEnded, reason: str) -> str:
+    """The run folder is gone or replaced: write what the run still knows elsewhere; the reason, with where."""
+    from trainguard.launch.runlock import write_lost_summary
+
+    summary = {"run_dir": str(cfg.run_dir), "run_id": cfg.run_id, "node": cfg.node_id, "lost": reason,
+               "attempts": agent.attempt + 1, "run_ended": ended.to_dict(),
+               "failures": [f.to_dict() for f in agent.failures]}
+    where = write_lost_summary(cfg.run_dir, cfg.layout.agent_events(cfg.node_id), summary)
+    return f"{reason}; what the run still knew is in {where}" if where else f"{reason}; nothing could be saved"
 
 
 class _FreshWorkerStore:

@@ -112,7 +112,9 @@ def write_trial(directory: str | Path, model: FailureModel, job: JobConfig, poli
         rundir = RunDir(directory).create()
     except OSError as exc:
         raise StorageError(f"cannot create run directory {directory}: {exc.strerror or exc}") from None
-    run_id = run_id or rundir.run_id
+    # The seed is part of the run id: trials written to folders of the same name are different runs, and the
+    # fleet database keys a run by its id and start (the start of every simulated trial is the same instant).
+    run_id = run_id or f"{rundir.run_id}-seed{seed}"
     step_s = job.step_seconds
     tau_steps = round(tau / step_s)
     w, a = policy.checkpoint_stall_seconds, policy.checkpoint_async_seconds
