@@ -21,9 +21,6 @@ from typing import Any
 from trainguard.errors import UsageError
 from trainguard.eventlog import finite_json
 
-WEB_PACKAGES = ("starlette", "uvicorn", "jinja2", "plotly")
-"""Distributions of the ``web`` extra that the dashboard and the HTML report import."""
-
 
 def require(*modules: str, what: str) -> None:
     """`UsageError` (exit 2) naming the missing modules of the ``web`` extra, before anything else happens."""
