@@ -102,9 +102,8 @@ def hold_run_dir(run_dir: Path, node: str) -> RunDirLock:
         os.close(fd)
         raise RunDirBusyError(f"run dir {run_dir} is in use by {holder}: two runs on one folder would mix their "
                               f"events and checkpoints; give another --run-dir, or stop that run first") from None
-    except OSError:
-        os.close(fd)
-        raise
+    except OSError as exc:  # a file system without locks (some NFS and Lustre mounts): run, but say so
+        log.warning("cannot lock %s (%s): a second run on this folder would not be refused", path, exc.strerror)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "node": node, "started": time.time()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
