@@ -1,7 +1,8 @@
 """Reading flight-recorder dumps safely: files, the JSON form, format versions and normalised fields.
 
-A dump is one rank's ``_dump_fr_trace`` pickle (or ``_dump_fr_trace_json`` JSON). Nothing here imports
-torch; pickles are decoded by `trainguard.localize.unpickle`, which builds plain data only.
+A dump is one rank's flight-recorder pickle, or its JSON form (`trainguard.torch_api.c10d` makes both).
+Nothing here imports torch; pickles are decoded by `trainguard.localize.unpickle`, which builds plain data
+only.
 """
 
 from __future__ import annotations
