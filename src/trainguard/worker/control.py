@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.protocol import fr_trace_name, stacks_name
+from trainguard.protocol import PROCESS_STATE_FILE, fr_trace_name, stacks_name
 from trainguard.safefs import open_private_dir, write_file_at
 
 log = logging.getLogger(__name__)
@@ -221,6 +221,10 @@ class ControlThread:
         if cmd == "dump":
             if self._evidence_dir is None:
                 return {"ok": False, "error": "this worker has no evidence folder", **self._status()}
+            if (self._evidence_dir / PROCESS_STATE_FILE).exists():
+                # A request answered late (this rank was stopped while the agent asked): the agent's evidence
+                # is in and its decision made; a dump now would replace what that decision used.
+                return {"ok": False, "error": "the agent's evidence is already gathered", **self._status()}
             with self._dump_lock:
                 try:
                     reply = write_evidence(self._evidence_dir, self.rank)
