@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.protocol import Heartbeat, RunLayout, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import Heartbeat, RunLayout, WorkerEnv, read_heartbeat
 from trainguard.worker.bootstrap import site_dir
 from trainguard.worker.control import request
 
@@ -115,7 +115,7 @@ def test_unmodified_ddp_script_gets_heartbeats_events_chaos_hang_and_dumps(tmp_p
         assert status["last_enqueued_collective"] > status["last_completed_collective"]
         assert "trainguard-control" in (diag / "stacks_rank_1.txt").read_text()
         reply0 = request(procs[0].pid, {"cmd": "dump"}, timeout_seconds=30)
-        assert reply0["ok"] and "chaos.py" in (diag / "stacks_rank_0.txt").read_text()
+        assert reply0["ok"] and "chaos/faults.py" in (diag / "stacks_rank_0.txt").read_text()
         refused = request(procs[0].pid, {"cmd": "dump", "dir": str(tmp_path / "elsewhere")}, timeout_seconds=10)
         assert not refused["ok"] and not (tmp_path / "elsewhere").exists()
 

@@ -1,7 +1,10 @@
 """The layer rules of docs/architecture.md, checked on the imports of every module (top level and lazy).
 
-* pure analysis and the event language import neither torch (nor `trainguard.torch_api`) nor the web stack;
-* nothing but the faces (cli, report, web, metrics) imports a face;
+* `trainguard.core` (the event language) imports nothing of trainguard but itself and `trainguard.errors`;
+* pure analysis and the core import neither torch (nor `trainguard.torch_api`) nor the web stack;
+* nothing but the faces (cli, report, web) imports a face;
+* the package root holds only `__init__`, `__main__` and `errors`;
+* reports work without numpy (the `sim` extra);
 * only `trainguard.torch_api` names torch's private API (tests/unit/test_torch_private_names.py).
 """
 
@@ -13,14 +16,15 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
 
 PURE = (
-    "events", "eventlog", "protocol", "rundir", "names", "safefs", "errors", "clocks", "taxonomy", "goodput",
-    "plausibility", "resume", "lemon", "sdc", "thermal", "power", "interval_theory", "localize", "classify", "sim",
-    "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame", "launch.policy",
-    "launch.budget",
+    "core", "errors", "accounting", "health.lemon", "health.fleetdb", "sdc.verdict", "telemetry",
+    "localize", "classify", "sim", "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame",
+    "launch.policy", "launch.budget",
 )
 """Modules (or packages) that must run without torch and without the web stack."""
 HEAVY = ("torch", "trainguard.torch_api", "starlette", "uvicorn", "jinja2", "plotly", "prometheus_client")
-FACES = ("trainguard.cli", "trainguard.report", "trainguard.web", "trainguard.metrics")
+FACES = ("trainguard.cli", "trainguard.report", "trainguard.web")
+ROOT_MODULES = {"__init__.py", "__main__.py", "errors.py", "py.typed"}
+"""All the package root may hold besides packages (docs/architecture.md)."""
 
 
 def _module_name(path: Path) -> str:
@@ -69,3 +73,33 @@ def test_the_rules_see_real_modules() -> None:
     names = {name for name, _ in _modules()}
     for p in PURE:
         assert any(n == f"trainguard.{p}" or n.startswith(f"trainguard.{p}.") for n in names), p
+
+
+def test_core_imports_nothing_of_the_features() -> None:
+    allowed = ("trainguard.core", "trainguard.errors")
+    found = [f"{name}:{line} imports {imp}" for name, path in _modules() if _under(name, ("trainguard.core",))
+             for line, imp in _imports(path)
+             if _under(imp, ("trainguard",)) and not _under(imp, allowed) and imp != "trainguard"]
+    assert not found, "\n".join(found)
+
+
+def test_the_package_root_holds_only_the_entry_points_and_errors() -> None:
+    files = {p.name for p in SRC.iterdir() if p.is_file()}
+    assert files == ROOT_MODULES, sorted(files ^ ROOT_MODULES)
+
+
+def test_a_report_needs_no_numpy(tmp_path: Path) -> None:
+    """numpy is the `sim` extra: `trainguard report` (text and HTML) runs with numpy made unimportable."""
+    import subprocess
+    import sys
+
+    from trainguard.samples import SAMPLE_RUN
+
+    script = (
+        "import sys; sys.modules['numpy'] = None\n"  # any `import numpy` now raises ImportError
+        "from trainguard.cli import main\n"
+        f"sys.exit(main(['report', {str(SAMPLE_RUN)!r}, '--html', {str(tmp_path / 'r.html')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "r.html").stat().st_size > 10_000

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is the sim extra; reports use this module without it
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def summarize(power: PowerModel, gpus: int, computing_fraction: np.ndarray, chec
         "collective_wait_mw": mw * power.collective_wait_watts,
         "checkpointing_mw": mw * power.checkpointing_watts,
         "restarting_mw": mw * power.restarting_watts,
-        "mean_mw": float(np.mean(mean)),
+        "mean_mw": float(mean.mean()),
         "swings_mw": occurring,
         "largest_swing_mw": occurring[cause],
         "largest_swing_cause": cause,
