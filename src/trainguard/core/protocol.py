@@ -45,6 +45,12 @@ class RunLayout:
     logs_root: Path | None = None
     """Where ``attempt-<k>/`` log folders go (torchrun's ``--log-dir``); default ``<root>/logs``."""
 
+    def __post_init__(self) -> None:
+        # Callers hand in strings and os.PathLike; every member below is a Path.
+        object.__setattr__(self, "root", Path(self.root))
+        if self.logs_root is not None:
+            object.__setattr__(self, "logs_root", Path(self.logs_root))
+
     @property
     def events_dir(self) -> Path:
         return self.root / "events"
@@ -104,10 +110,34 @@ class RunLayout:
                 out[rank] = path.parent.parent.name
         return out
 
+    def stragglers_dir(self, attempt: int) -> Path:
+        """Probe evidence of the straggler watch in one attempt (``probe-<n>/`` folders)."""
+        return self.root / "diagnostics" / "stragglers" / f"attempt-{attempt}"
+
     @property
     def chaos_dir(self) -> Path:
         """Markers of fired faults and ``unhealthy-<node>`` flags."""
         return self.root / "chaos"
+
+    def unhealthy_flag(self, node: str) -> Path:
+        """Left by an ``unhealthy`` fault: the node's health check fails while it exists."""
+        return self.chaos_dir / f"unhealthy-{node}"
+
+    @property
+    def nodes_dir(self) -> Path:
+        """Agent beats, lost-node markers and the agents' run-folder locks."""
+        return self.root / "nodes"
+
+    def node_beat(self, node: str) -> Path:
+        return self.nodes_dir / f"{node}.beat"
+
+    def lost_marker(self, node: str) -> Path:
+        """Written once by the agent that recorded ``node`` as lost; a lost node that comes back leaves (exit 5)."""
+        return self.nodes_dir / f"lost-{node}"
+
+    def node_lock(self, node: str) -> Path:
+        """The ``flock`` of the live agent of ``node``: one run per folder (docs/run.md)."""
+        return self.nodes_dir / f"{node}.lock"
 
 
 def heartbeat_name(rank: int) -> str:

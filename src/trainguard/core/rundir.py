@@ -20,6 +20,7 @@ from trainguard.core import safefs
 from trainguard.core.eventlog import EventWriter, SkippedRecords, read_run, run_event_files
 from trainguard.core.events import Event
 from trainguard.core.names import check_name
+from trainguard.core.protocol import RunLayout
 from trainguard.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -49,34 +50,21 @@ class LoadedEvent:
     record: Event
 
 
-class RunDir:
-    """Paths and event access for one run directory."""
+@dataclass(frozen=True, init=False)
+class RunDir(RunLayout):
+    """One run directory: its paths (every one a member of `RunLayout`) and access to its events."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str], logs_root: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(Path(root), None if logs_root is None else Path(logs_root))
 
     @property
     def run_id(self) -> str:
         return self.root.resolve().name
 
-    @property
-    def events_dir(self) -> Path:
-        return self.root / "events"
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    def diagnostics_dir(self, attempt: int) -> Path:
-        return self.root / "diagnostics" / f"attempt-{attempt}"
-
-    def logs_dir(self, attempt: int) -> Path:
-        return self.root / "logs" / f"attempt-{attempt}"
-
     def create(self) -> RunDir:
         """Make the directory skeleton (idempotent); new folders get `DIR_MODE` (0750) whatever the umask.
         Raises `StorageError` when a folder cannot be created."""
-        for d in (self.events_dir, self.checkpoints_dir, self.root / "diagnostics", self.root / "logs"):
+        for d in (self.events_dir, self.checkpoints_dir, self.root / "diagnostics", self.logs_base):
             make_dirs(d)
         return self
 
@@ -84,7 +72,7 @@ class RunDir:
         """An appending writer for ``events/<name>.jsonl``; ``name`` like ``agent-node1`` or ``rank-3``.
         Raises `UsageError` for a name that is not a safe file name (see `trainguard.core.names.check_name`)."""
         check_name("event writer name", name)
-        return EventWriter(self.events_dir / f"{name}.jsonl", fsync=fsync)
+        return EventWriter(self.event_file(name), fsync=fsync)
 
     def event_files(self) -> list[Path]:
         """The ``events/*.jsonl`` entries, sorted by name. Raises `InputError` if this is not a run directory.

@@ -11,6 +11,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from trainguard.core.protocol import RunLayout
 from trainguard.health.base import HIGH, LOW, CheckResult, HealthConfig, failed, passed, skipped
 
 
@@ -18,7 +19,7 @@ def check_injected(config: HealthConfig) -> list[CheckResult]:
     """Fails (high) when chaos marked this node unhealthy: ``<run_dir>/chaos/unhealthy-<node>`` exists."""
     if config.run_dir is None:
         return [skipped("injected", HIGH, "no run directory given")]
-    flag = Path(config.run_dir) / "chaos" / f"unhealthy-{config.node}"
+    flag = RunLayout(Path(config.run_dir)).unhealthy_flag(config.node)
     if flag.exists():
         return [failed("injected", HIGH, f"node marked unhealthy by fault injection ({flag})")]
     return [passed("injected", HIGH, "no injected fault")]

@@ -37,18 +37,12 @@ PEER_POLL_SECONDS = 0.5
 """How often the monitor loop reads the watched peers' beats."""
 
 
-def nodes_dir(run_dir: Path) -> Path:
-    """Agent beats and lost-node markers."""
-    return run_dir / "nodes"
-
-
 def beat_path(run_dir: Path, node: str) -> Path:
-    return nodes_dir(run_dir) / f"{node}.beat"
+    return RunLayout(run_dir).node_beat(node)
 
 
 def lost_marker(run_dir: Path, node: str) -> Path:
-    """Written once by the agent that recorded ``node`` as lost; a lost node that comes back leaves (exit 5)."""
-    return nodes_dir(run_dir) / f"lost-{node}"
+    return RunLayout(run_dir).lost_marker(node)
 
 
 @dataclass(frozen=True)

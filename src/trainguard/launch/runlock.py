@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.protocol import RunLayout
 from trainguard.core.safefs import make_dirs
 from trainguard.errors import UsageError
 
@@ -46,7 +47,7 @@ class RunDirBusyError(UsageError):
 
 
 def lock_path(run_dir: Path, node: str) -> Path:
-    return run_dir / "nodes" / f"{node}.lock"
+    return RunLayout(run_dir).node_lock(node)
 
 
 @dataclass
