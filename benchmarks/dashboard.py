@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.events import FailureDetected
-from trainguard.rundir import RunDir
+from trainguard.core.events import FailureDetected
+from trainguard.core.rundir import RunDir
 from trainguard.sim.events_out import write_trial
 from trainguard.sim.models import load_model
 from trainguard.sim.policy import JobConfig, PolicyConfig

@@ -11,7 +11,7 @@ never stops the others:
   both faults detected, resumed from checkpoints, final loss equal.
 * ``nccl_flight_recorder``: a 1-rank NCCL group doing a few collectives, dumped through
   ``trainguard.torch_api.c10d`` as pickle and JSON (``nccl_trace_rank_0``), read by ``trainguard diagnose``.
-* ``nvml``: ``trainguard health --json`` and the telemetry sampler (``trainguard.telemetry.GpuSource``)
+* ``nvml``: ``trainguard health --json`` and the telemetry sampler (``trainguard.telemetry.samplers.GpuSource``)
   against ``nvidia-smi --query-gpu`` read in between.
 * ``checkpoint_gpu``: a >= 2 GB model in GPU memory saved and restored by ``trainguard.Checkpointer`` and by
   plain DCP, side by side: stall, throughput, restore.
@@ -1051,7 +1051,7 @@ def section_nvml(ctx: Context) -> dict[str, Any]:
     if ctx.smoke or smi_path is None:
         why = "no GPU: CPU smoke run" if ctx.smoke else "no GPU: nvidia-smi not found"
         from trainguard.health.fake import FakeGpu, FakeNvml
-        from trainguard.telemetry import GpuSource
+        from trainguard.telemetry.samplers import GpuSource
 
         fake = FakeNvml([FakeGpu()])
         gpu = fake.gpus[0]
@@ -1063,13 +1063,13 @@ def section_nvml(ctx: Context) -> dict[str, Any]:
     try:
         import pynvml
 
-        from trainguard.telemetry import GpuSource
+        from trainguard.telemetry.samplers import GpuSource
     except Exception as exc:
-        result["error"] = f"pynvml or trainguard.telemetry unavailable: {type(exc).__name__}: {exc}"
+        result["error"] = f"pynvml or trainguard.telemetry.samplers unavailable: {type(exc).__name__}: {exc}"
         return result
     source = GpuSource.load()
     if source is None:
-        result["error"] = "trainguard.telemetry.GpuSource.load() found no NVML"
+        result["error"] = "trainguard.telemetry.samplers.GpuSource.load() found no NVML"
         return result
     query = "--query-gpu=" + ",".join(SMI_FIELDS)
 

@@ -52,7 +52,7 @@ def one_run(under_trainguard: bool, args: argparse.Namespace, tmp: Path) -> floa
 
 def startup_seconds(code: str, instrumented: bool, reps: int) -> float:
     """Best wall time of ``python -c code`` in a fresh interpreter."""
-    from trainguard.protocol import WorkerEnv
+    from trainguard.core.protocol import WorkerEnv
     from trainguard.worker.bootstrap import site_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}

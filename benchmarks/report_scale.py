@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainguard.eventlog import EventWriter
-from trainguard.events import AttemptEnded, AttemptStarted, RunEnded, RunStarted, StepCompleted
-from trainguard.protocol import RunLayout
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import AttemptEnded, AttemptStarted, RunEnded, RunStarted, StepCompleted
+from trainguard.core.protocol import RunLayout
 
 STEPS = 5
 

@@ -2,7 +2,7 @@
 
 Starts ``--ranks`` gloo ranks (this file with ``--worker``) that train the demo's GPT
 (trainguard/examples/train_gpt.py's model and data, its default size) data-parallel, in alternating blocks of
-``--block`` steps: a block without the check, then a block with `trainguard.worker.sdc.SdcChecker` called
+``--block`` steps: a block without the check, then a block with `trainguard.sdc.check.SdcChecker` called
 after every update at interval ``--every`` (default: trainguard run's default; a block is K steps by default,
 so each checked block holds exactly one check), ``--pairs`` times. Rank 0 reports:
 
@@ -42,7 +42,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     from trainguard.examples import train_gpt  # the demo's model and data
-    from trainguard.worker.sdc import SdcChecker, fingerprint
+    from trainguard.sdc.check import SdcChecker, fingerprint
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.every is None:
-        from trainguard.sdc import DEFAULT_CHECK_EVERY
+        from trainguard.sdc.verdict import DEFAULT_CHECK_EVERY
 
         args.every = DEFAULT_CHECK_EVERY
     if args.block is None:

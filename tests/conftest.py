@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
 
 
 @pytest.fixture

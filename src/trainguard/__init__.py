@@ -14,8 +14,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` resolves these lazily
+    from trainguard.accounting.goodput import GoodputReport, compute_goodput
     from trainguard.checkpoint import CheckpointConfig, Checkpointer, IntervalPolicy
     from trainguard.classify import classify_paths, classify_text
+    from trainguard.core.eventlog import EventWriter, iter_events, read_events
+    from trainguard.core.events import SCHEMA_VERSION, Event
+    from trainguard.core.rundir import RunDir
     from trainguard.errors import (
         CheckpointError,
         EventFormatError,
@@ -25,13 +29,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         TrainguardError,
         UsageError,
     )
-    from trainguard.eventlog import EventWriter, iter_events, read_events
-    from trainguard.events import SCHEMA_VERSION, Event
-    from trainguard.fleetdb import FleetDB
-    from trainguard.goodput import GoodputReport, compute_goodput
     from trainguard.health import HealthConfig, run_checks
+    from trainguard.health.fleetdb import FleetDB
     from trainguard.localize import LocalizationReport, diagnose_path
-    from trainguard.rundir import RunDir
     from trainguard.worker import StepContext, Worker, attach, pg_timeout
     from trainguard.worker.inprocess import restartable
 
@@ -39,21 +39,21 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
-    "SCHEMA_VERSION": "trainguard.events",
-    "Event": "trainguard.events",
+    "SCHEMA_VERSION": "trainguard.core.events",
+    "Event": "trainguard.core.events",
     "EventFormatError": "trainguard.errors",
     "InputError": "trainguard.errors",
     "SchemaVersionError": "trainguard.errors",
     "StorageError": "trainguard.errors",
     "TrainguardError": "trainguard.errors",
     "UsageError": "trainguard.errors",
-    "EventWriter": "trainguard.eventlog",
-    "iter_events": "trainguard.eventlog",
-    "read_events": "trainguard.eventlog",
-    "RunDir": "trainguard.rundir",
-    "GoodputReport": "trainguard.goodput",
-    "compute_goodput": "trainguard.goodput",
-    "FleetDB": "trainguard.fleetdb",
+    "EventWriter": "trainguard.core.eventlog",
+    "iter_events": "trainguard.core.eventlog",
+    "read_events": "trainguard.core.eventlog",
+    "RunDir": "trainguard.core.rundir",
+    "GoodputReport": "trainguard.accounting.goodput",
+    "compute_goodput": "trainguard.accounting.goodput",
+    "FleetDB": "trainguard.health.fleetdb",
     "attach": "trainguard.worker",
     "pg_timeout": "trainguard.worker",
     "Worker": "trainguard.worker",

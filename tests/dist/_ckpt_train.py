@@ -109,7 +109,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, IntervalPolicy, WriteHooks
-    from trainguard.eventlog import EventWriter
+    from trainguard.core.eventlog import EventWriter
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _ckpt_train import launch
 
 from trainguard.checkpoint import latest_step
-from trainguard.eventlog import read_events
-from trainguard.events import CheckpointLoaded, CheckpointRejected, CheckpointSaveFinished
+from trainguard.core.eventlog import read_events
+from trainguard.core.events import CheckpointLoaded, CheckpointRejected, CheckpointSaveFinished
 
 STEPS = 8
 

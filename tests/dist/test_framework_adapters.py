@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainguard.protocol import RunLayout, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import RunLayout, WorkerEnv, read_heartbeat
 from trainguard.worker import autohooks, bootstrap, frameworks, runtime
 
 pytestmark = pytest.mark.timeout(240)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard import sdc
-from trainguard.protocol import RunLayout, WorkerEnv
+from trainguard.sdc import verdict as sdc
+from trainguard.core.protocol import RunLayout, WorkerEnv
 from trainguard.worker import sdc as worker_sdc
 from trainguard.worker.bootstrap import site_dir
 

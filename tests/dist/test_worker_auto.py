@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.protocol import Heartbeat, RunLayout, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import Heartbeat, RunLayout, WorkerEnv, read_heartbeat
 from trainguard.worker.bootstrap import site_dir
 from trainguard.worker.control import request
 

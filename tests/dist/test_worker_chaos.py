@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import chaos
+from trainguard.chaos import faults as chaos
 from trainguard.errors import UsageError
 
 

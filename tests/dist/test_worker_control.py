@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.localize import safe_unpickle
-from trainguard.protocol import read_heartbeat
+from trainguard.core.protocol import read_heartbeat
 from trainguard.worker.control import request
 
 SCRIPT = r'''

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.protocol import read_heartbeat
+from trainguard.core.protocol import read_heartbeat
 
 ROOT = Path(__file__).resolve().parents[2]
 

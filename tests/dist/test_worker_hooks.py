@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard.protocol import RunLayout, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import RunLayout, WorkerEnv, read_heartbeat
 from trainguard.worker import autohooks, runtime
 from trainguard.worker.library import attach
 

@@ -93,10 +93,10 @@ def agents(*args: Any, **kwargs: Any) -> Iterator[Agents]:
 def assert_every_node_counted_once(run_dir: Path, db_path: Path, nodes: set[str]) -> None:
     """Events of every node land once in the fleet database (indexing twice adds nothing), and a clock offset is
     estimated for each node against the reference host (all on this machine's one clock: close to 0)."""
-    from trainguard.clocks import estimate_offsets, reference_host
-    from trainguard.eventlog import read_run
-    from trainguard.fleetdb import FleetDB
-    from trainguard.goodput import compute_goodput
+    from trainguard.accounting.goodput import compute_goodput
+    from trainguard.core.clocks import estimate_offsets, reference_host
+    from trainguard.core.eventlog import read_run
+    from trainguard.health.fleetdb import FleetDB
 
     records = read_run(run_dir)
     assert {r.host for _, _, r in records} >= nodes

@@ -122,7 +122,7 @@ def process_gone(pid: int) -> bool:
 FAKE_WORKER = '''
 import os, signal, sys, time
 from pathlib import Path
-from trainguard.protocol import Heartbeat, RunLayout, WorkerEnv
+from trainguard.core.protocol import Heartbeat, RunLayout, WorkerEnv
 
 env = WorkerEnv.from_environ()
 rank = int(os.environ["RANK"])

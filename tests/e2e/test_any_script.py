@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e._run_helpers import events, of_type, start_trainguard, trainguard
-from trainguard.protocol import RunLayout, read_heartbeat
+from trainguard.core.protocol import RunLayout, read_heartbeat
 
 HERE = Path(__file__).resolve().parent / "unmodified"
 PLAIN = HERE / "plain_ddp.py"

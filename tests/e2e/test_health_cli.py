@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainguard.eventlog import read_events
-from trainguard.events import HealthCheckResult
+from trainguard.core.eventlog import read_events
+from trainguard.core.events import HealthCheckResult
 
 
 def tg(*args: str) -> subprocess.CompletedProcess[str]:

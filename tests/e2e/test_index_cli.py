@@ -38,14 +38,14 @@ def test_a_bad_run_does_not_stop_the_good_ones(tmp_path: Path) -> None:
 def test_same_folder_name_two_runs_both_indexed(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from trainguard.events import RunStarted
-    from trainguard.rundir import RunDir
+    from trainguard.core.events import RunStarted
+    from trainguard.core.rundir import RunDir
 
     a = tmp_path / "runs" / "ok"
     shutil.copytree(SAMPLE_RUN, a)
     b = RunDir(tmp_path / "clusterC" / "ok").create()
     for path in RunDir(SAMPLE_RUN).event_files():
-        from trainguard.eventlog import read_events
+        from trainguard.core.eventlog import read_events
 
         records = [replace(e, time=e.time + 86400) if isinstance(e, RunStarted) else e for e in read_events(path)]
         with b.writer(path.stem) as w:

@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 
 from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, of_type, trainguard
-from trainguard.events import Diagnosis, RunEnded, RunStarted
-from trainguard.fleetdb import FleetDB
-from trainguard.lemon import flagged_hosts
-from trainguard.rundir import RunDir
+from trainguard.core.events import Diagnosis, RunEnded, RunStarted
+from trainguard.core.rundir import RunDir
+from trainguard.health.fleetdb import FleetDB
+from trainguard.health.lemon import flagged_hosts
 
 
 def _history(db_path: Path, tmp_path: Path, host: str, incidents: int) -> None:

@@ -1,6 +1,6 @@
 """The node agent's watchdog on real worker processes: a stopped rank is found, blamed and stopped for sure.
 
-The workers here are stand-in scripts that write `trainguard.protocol` heartbeats themselves and have no
+The workers here are stand-in scripts that write `trainguard.core.protocol` heartbeats themselves and have no
 control thread, so the agent's side is tested on its own (the in-rank library has its own tests).
 """
 

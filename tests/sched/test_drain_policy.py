@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from trainguard.cli import main
-from trainguard.eventlog import EventWriter
-from trainguard.events import Diagnosis, NodeDrained, NodeReturned, RunStarted, from_dict
-from trainguard.fleetdb import FleetDB
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import Diagnosis, NodeDrained, NodeReturned, RunStarted, from_dict
 from trainguard.health.base import CheckResult
 from trainguard.health.drain import (
     DrainPolicy,
@@ -27,6 +26,7 @@ from trainguard.health.drain import (
     return_node,
 )
 from trainguard.health.drain_history import summarize
+from trainguard.health.fleetdb import FleetDB
 from trainguard.health.scheduler import NodeState, SchedulerError, drain_reason
 from trainguard.launch.config import SupervisorConfig
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard import chaos
+from trainguard.chaos import faults as chaos
 
 
 def test_a_good_schedule_has_no_problems() -> None:

@@ -17,8 +17,8 @@ from trainguard.checkpoint import (
     latest_step,
     read_manifest,
 )
-from trainguard.eventlog import EventWriter, read_events
-from trainguard.events import (
+from trainguard.core.eventlog import EventWriter, read_events
+from trainguard.core.events import (
     CheckpointLoaded,
     CheckpointPolicyChanged,
     CheckpointRejected,

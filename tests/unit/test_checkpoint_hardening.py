@@ -19,8 +19,8 @@ import torch
 
 from trainguard.checkpoint import CheckpointConfig, Checkpointer, latest_step
 from trainguard.checkpoint.checksum import file_checksum
-from trainguard.eventlog import EventWriter, read_events
-from trainguard.events import CheckpointRejected
+from trainguard.core.eventlog import EventWriter, read_events
+from trainguard.core.events import CheckpointRejected
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from trainguard.checkpoint.interval import IntervalPolicy, observed_mtbf
-from trainguard.interval_theory import daly_seconds, young_seconds
+from trainguard.core.interval_theory import daly_seconds, young_seconds
 
 
 def test_llama3_scale_figures_from_the_reliability_reference() -> None:

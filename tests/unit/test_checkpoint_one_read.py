@@ -12,8 +12,8 @@ import torch.distributed.checkpoint as dcp
 
 from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, read_manifest
 from trainguard.checkpoint.reader import VerifyingReader
-from trainguard.eventlog import EventWriter, read_events
-from trainguard.events import CheckpointRejected
+from trainguard.core.eventlog import EventWriter, read_events
+from trainguard.core.events import CheckpointRejected
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

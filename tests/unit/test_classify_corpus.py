@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from trainguard.classify import classify_paths
-from trainguard.taxonomy import TABLE5_CATEGORIES, group_of
+from trainguard.core.taxonomy import TABLE5_CATEGORIES, group_of
 
 CORPUS = Path(__file__).with_name("corpus")
 CASES: list[dict[str, Any]] = tomllib.loads((CORPUS / "manifest.toml").read_text())["case"]

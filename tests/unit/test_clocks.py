@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.clocks import estimate_offsets
-from trainguard.events import Event, StepCompleted
+from trainguard.core.clocks import estimate_offsets
+from trainguard.core.events import Event, StepCompleted
 
 
 def _steps(host: str, attempt: int, steps: range, skew: float) -> list[Event]:

@@ -8,9 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from trainguard.cli.console import Console
-from trainguard.events import AttemptStarted, Diagnosis, InProcessRecovery
+from trainguard.core.events import AttemptStarted, Diagnosis, InProcessRecovery
+from trainguard.core.protocol import RunLayout
 from trainguard.launch import blame
-from trainguard.protocol import RunLayout
 
 
 def _console(tmp_path: Path) -> Console:

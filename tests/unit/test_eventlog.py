@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.eventlog import EventWriter, SkippedRecords, iter_events, read_events
+from trainguard.core.events import RECORD_TYPES, FailureDetected, StepCompleted, from_dict
 from trainguard.errors import EventFormatError, InputError, SchemaVersionError
-from trainguard.eventlog import EventWriter, SkippedRecords, iter_events, read_events
-from trainguard.events import RECORD_TYPES, FailureDetected, StepCompleted, from_dict
 
 
 def test_round_trip_keeps_types_and_tuples(tmp_path: Path) -> None:

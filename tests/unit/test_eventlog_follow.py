@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainguard.eventlog import MAX_RECORD_BYTES, EventFollower, EventWriter
-from trainguard.events import AttemptEnded, AttemptStarted
+from trainguard.core.eventlog import MAX_RECORD_BYTES, EventFollower, EventWriter
+from trainguard.core.events import AttemptEnded, AttemptStarted
 
 
 def test_follows_appends_skips_bad_records_and_waits_for_partial_lines(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from trainguard.eventlog import SkippedRecords, read_events
-from trainguard.events import INT_LIMIT, RECORD_TYPES, RecordError, StepCompleted, from_dict
+from trainguard.core.eventlog import SkippedRecords, read_events
+from trainguard.core.events import INT_LIMIT, RECORD_TYPES, RecordError, StepCompleted, from_dict
 
 
 def _valid(cls: type) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.eventlog import (
+from trainguard.core.eventlog import (
     EVENT_FILE_MODE,
     MAX_RECORD_BYTES,
     EventWriter,
@@ -24,14 +24,14 @@ from trainguard.eventlog import (
     read_events,
     read_run,
 )
-from trainguard.events import StepCompleted
+from trainguard.core.events import StepCompleted
 
 _FULL_DISK_SCRIPT = textwrap.dedent(
     """
     import resource, signal, sys
     from trainguard.errors import StorageError
-    from trainguard.eventlog import EventWriter
-    from trainguard.events import StepCompleted
+    from trainguard.core.eventlog import EventWriter
+    from trainguard.core.events import StepCompleted
 
     # Without this the kernel kills the process at the limit instead of failing the write.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

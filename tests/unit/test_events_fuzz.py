@@ -21,7 +21,7 @@ import pytest
 
 from tests.unit.streams import CASES
 from trainguard.cli import main
-from trainguard.eventlog import EventWriter
+from trainguard.core.eventlog import EventWriter
 from trainguard.samples import SAMPLE_RUN
 
 SEED = 20_251_111

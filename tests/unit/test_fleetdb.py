@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.streams import crash_mid_step, skewed_hosts
+from trainguard.core.events import RunEnded, RunStarted
+from trainguard.core.rundir import RunDir
 from trainguard.errors import InputError
-from trainguard.events import RunEnded, RunStarted
-from trainguard.fleetdb import FleetDB
-from trainguard.rundir import RunDir
+from trainguard.health.fleetdb import FleetDB
 
 
 def _make_run(root: Path, name: str, case, *, own_id: bool = False) -> RunDir:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.streams import crash_mid_step
+from trainguard.core.events import RunEnded, RunStarted
+from trainguard.core.rundir import RunDir
 from trainguard.errors import InputError, StorageError
-from trainguard.events import RunEnded, RunStarted
-from trainguard.fleetdb import LEGACY_PREFIX, FleetDB, FleetDBError
-from trainguard.rundir import RunDir
+from trainguard.health.fleetdb import LEGACY_PREFIX, FleetDB, FleetDBError
 
 
 def _write(root: Path, case, *, start_shift: float = 0.0, host: str | None = None,

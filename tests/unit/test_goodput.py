@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.streams import CASES, Case
-from trainguard.events import RunEnded
-from trainguard.goodput import BUCKETS, compute_goodput
-from trainguard.rundir import RunDir
+from trainguard.accounting.goodput import BUCKETS, compute_goodput
+from trainguard.core.events import RunEnded
+from trainguard.core.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.eventlog import read_run
-from trainguard.fleetdb import FleetDB
+from trainguard.core.eventlog import read_run
+from trainguard.core.rundir import RunDir
 from trainguard.health import HIGH, LOW, CheckResult, HealthConfig, healthy, parse_endpoint, run_checks
 from trainguard.health.base import run_all
+from trainguard.health.fleetdb import FleetDB
 from trainguard.health.host import (
     check_checkpoint_dir,
     check_clock,
@@ -20,9 +21,8 @@ from trainguard.health.host import (
     clock_state,
     judge_clock,
 )
+from trainguard.health.lemon import score_hosts
 from trainguard.health.torch_checks import check_torch_devices
-from trainguard.lemon import score_hosts
-from trainguard.rundir import RunDir
 
 
 def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:

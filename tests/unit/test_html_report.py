@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import events as ev
-from trainguard.goodput import compute_goodput
+from trainguard.accounting.goodput import compute_goodput
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.report.html import render_html, write_html
-from trainguard.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.goodput import compute_goodput
+from trainguard.accounting.goodput import compute_goodput
 from trainguard.report import view as v
 from trainguard.samples import SAMPLE_RUN
 from trainguard.sim.events_out import write_trial

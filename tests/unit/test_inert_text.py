@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainguard import events as ev
 from trainguard.cli.console import Console
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.report.inert import for_terminal
-from trainguard.rundir import RunDir
 
 CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07"
 LINK = "\x1b]8;;http://x\x1b\\click\x1b]8;;\x1b\\"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from trainguard import protocol
-from trainguard.events import AttemptStarted, InProcessRecovery, from_dict
+from trainguard.core import protocol
+from trainguard.core.events import AttemptStarted, InProcessRecovery, from_dict
 from trainguard.launch.config import SupervisorConfig
 from trainguard.worker.inprocess import InProcessGaveUp, InProcessSettings, peer_failure
 from trainguard.worker.warm import top_level_imports

@@ -20,7 +20,7 @@ PURE = (
 )
 """Modules (or packages) that must run without torch and without the web stack."""
 HEAVY = ("torch", "trainguard.torch_api", "starlette", "uvicorn", "jinja2", "plotly", "prometheus_client")
-FACES = ("trainguard.cli", "trainguard.report", "trainguard.web", "trainguard.metrics")
+FACES = ("trainguard.cli", "trainguard.report", "trainguard.web", "trainguard.web.metrics")
 
 
 def _module_name(path: Path) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from trainguard.classify import classify_text
 from trainguard.cli import main
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     Diagnosis,
@@ -20,9 +20,9 @@ from trainguard.events import (
     RunEnded,
     RunStarted,
 )
-from trainguard.fleetdb import FleetDB
-from trainguard.lemon import LemonPolicy, flagged_hosts, rank_hosts, score_hosts
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
+from trainguard.health.fleetdb import FleetDB
+from trainguard.health.lemon import LemonPolicy, flagged_hosts, rank_hosts, score_hosts
 
 NOW = 1_800_000_000.0
 XID_EVIDENCE = classify_text("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",

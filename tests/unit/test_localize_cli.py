@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from trainguard.cli import main
-from trainguard.events import AttemptStarted, StepCompleted
+from trainguard.core.events import AttemptStarted, StepCompleted
+from trainguard.core.rundir import RunDir
 from trainguard.localize import diagnose_path
 from trainguard.localize.synth import SynthConfig, write_dumps
-from trainguard.rundir import RunDir
 
 TOP_KEYS = {"verdict", "process_group", "collective_seq", "op", "culprit_ranks", "culprit_hosts", "explanation",
             "problems", "warnings", "ranks_analyzed", "missing_ranks", "backend", "format_versions", "path",

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a run, read from its events as they are written (trainguard.metrics)."""
+"""Prometheus metrics of a run, read from its events as they are written (trainguard.web.metrics)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainguard import events as ev
-from trainguard.goodput import compute_goodput
-from trainguard.metrics import MetricsServer, RunCollector, RunMetrics, parse_listen
-from trainguard.rundir import RunDir
+from trainguard.accounting.goodput import compute_goodput
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
+from trainguard.web.metrics import MetricsServer, RunCollector, RunMetrics, parse_listen
 
 T0 = 1_767_000_000.0
 

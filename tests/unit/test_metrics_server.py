@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainguard import metrics
-from trainguard.metrics import MetricsServer
 from trainguard.samples import SAMPLE_RUN
+from trainguard.web import metrics
+from trainguard.web.metrics import MetricsServer
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.names import check_name, check_rank, new_run_id
+from trainguard.core.rundir import RunDir
 from trainguard.errors import UsageError
-from trainguard.names import check_name, check_rank, new_run_id
-from trainguard.rundir import RunDir
 
 
 @pytest.mark.parametrize("good", ["node1", "agent-gpu-node-0412", "rank-3", "a", "x@y.z_w", "A" * 128])

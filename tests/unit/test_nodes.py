@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import chaos
+from trainguard.chaos import faults as chaos
+from trainguard.core.protocol import Heartbeat, RunLayout
 from trainguard.errors import UsageError
 from trainguard.launch import nodes
-from trainguard.protocol import Heartbeat, RunLayout
 
 
 def test_a_beat_round_trips_and_garbage_is_no_beat() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.protocol import HEARTBEAT_BYTES, Heartbeat, RunLayout, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import HEARTBEAT_BYTES, Heartbeat, RunLayout, WorkerEnv, read_heartbeat
 
 BEAT = Heartbeat(step=12, steps_done=5, progress_mono=1234.5, duration_seconds=0.25, phase="comm_wait",
                  phase_start_mono=1234.6, source="optimizer", collectives_done=40, pending_since_mono=1234.7,

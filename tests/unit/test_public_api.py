@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import trainguard
-from trainguard.eventlog import read_events
-from trainguard.events import CheckpointLoaded, CheckpointSaveFinished, StepCompleted
+from trainguard.core.eventlog import read_events
+from trainguard.core.events import CheckpointLoaded, CheckpointSaveFinished, StepCompleted
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trainguard.goodput import compute_goodput
+from trainguard.accounting.goodput import compute_goodput
 from trainguard.report.terminal import format_seconds, render_report
 from trainguard.samples import SAMPLE_RUN
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.eventlog import EventWriter
-from trainguard.events import (
+from trainguard.accounting.goodput import compute_goodput
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     RunEnded,
@@ -14,7 +15,6 @@ from trainguard.events import (
     StepCompleted,
     final_run_end,
 )
-from trainguard.goodput import compute_goodput
 
 
 def test_the_last_run_ended_ends_a_requeued_run(tmp_path: Path) -> None:

@@ -61,10 +61,10 @@ def test_a_framework_checkpoint_is_progress_and_global_steps_resuming_further_ea
 
 
 def test_framework_checkpoints_are_read_from_the_ranks_event_files(tmp_path: Path) -> None:
-    from trainguard.eventlog import EventWriter
-    from trainguard.events import CheckpointSaveFinished, StepCompleted
+    from trainguard.core.eventlog import EventWriter
+    from trainguard.core.events import CheckpointSaveFinished, StepCompleted
+    from trainguard.core.protocol import RunLayout
     from trainguard.launch.framework_progress import FrameworkCheckpoints
-    from trainguard.protocol import RunLayout
 
     layout = RunLayout(tmp_path)
     reader = FrameworkCheckpoints(layout)

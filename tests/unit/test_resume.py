@@ -1,4 +1,4 @@
-"""Resume points after a restart (`trainguard.resume`) and what goodput makes of them, hand-computed.
+"""Resume points after a restart (`trainguard.accounting.resume`) and what goodput makes of them, hand-computed.
 
 The stream: attempt 0 starts at 0, builds for 1 s, runs steps of 1 s over [1, 11], crashes at 11.5 (detected at
 11.6); attempt 1 starts at 12, builds for 1 s and runs 10 steps over [13, 23]; the run ends at 23.5. How the
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import resume
-from trainguard.events import (
+from trainguard.accounting import resume
+from trainguard.accounting.goodput import BUCKETS, compute_goodput
+from trainguard.accounting.resume import AttemptSteps, Evidence, Scenario
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointLoaded,
@@ -23,10 +25,8 @@ from trainguard.events import (
     RunStarted,
     StepCompleted,
 )
-from trainguard.goodput import BUCKETS, compute_goodput
+from trainguard.core.rundir import RunDir
 from trainguard.report.terminal import render_report
-from trainguard.resume import AttemptSteps, Evidence, Scenario
-from trainguard.rundir import RunDir
 
 T0 = 1_700_000_000.0
 WALL = 23.5

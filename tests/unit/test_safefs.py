@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import safefs
+from trainguard.core import safefs
 from trainguard.launch import evidence
 
 

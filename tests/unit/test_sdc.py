@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard import chaos, sdc
+from trainguard.chaos import faults as chaos
 from trainguard.errors import UsageError
+from trainguard.sdc import verdict as sdc
 
 
 def test_combine_sees_any_single_change_and_order() -> None:

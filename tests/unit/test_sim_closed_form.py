@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from trainguard.goodput import BUCKETS
+from trainguard.accounting.goodput import BUCKETS
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import FailureModel, parse_model
 from trainguard.sim.policy import JobConfig, PolicyConfig

@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from trainguard.goodput import BUCKETS
-from trainguard.interval_theory import meta_ettr
+from trainguard.accounting.goodput import BUCKETS
+from trainguard.core.interval_theory import meta_ettr
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import load_model, parse_model
 from trainguard.sim.policy import JobConfig, PolicyConfig

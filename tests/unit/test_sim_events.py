@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.events import (
+from trainguard.core.events import (
     CheckpointLoaded,
     CheckpointSaveFinished,
     Diagnosis,
@@ -19,7 +19,7 @@ from trainguard.events import (
     StepCompleted,
     StepSpan,
 )
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
 from trainguard.sim.events_out import write_trial
 from trainguard.sim.models import TABLE5_GROUPS, load_model
 from trainguard.sim.policy import JobConfig, PolicyConfig
@@ -71,7 +71,7 @@ def test_steps_are_spans_between_boundaries_not_one_record_per_step(llama_trial)
 
 
 def test_goodput_of_the_written_trial_matches_the_simulator(llama_trial) -> None:
-    from trainguard.goodput import compute_goodput
+    from trainguard.accounting.goodput import compute_goodput
 
     path, written, _ = llama_trial
     report = compute_goodput(path)
@@ -88,7 +88,7 @@ def test_small_job_lists_its_hosts_in_every_attempt(tmp_path: Path) -> None:
 
 
 def test_power_series_of_the_trial(llama_trial) -> None:
-    from trainguard.sim.power import PowerModel
+    from trainguard.telemetry.power_model import PowerModel
 
     path, written, _ = llama_trial
     rows = [line.split(",") for line in (path / "sim" / "power.csv").read_text().splitlines()[1:]]
@@ -105,7 +105,7 @@ def test_power_series_of_the_trial(llama_trial) -> None:
 def test_a_trial_with_inprocess_warm_and_memory_recovery_reports_alike(tmp_path: Path) -> None:
     """Recovery schemes change only phase lengths, so `report` still accounts the written trial as the
     simulator did; in-process recoveries have no CheckpointLoaded (their restore is inside the restart)."""
-    from trainguard.goodput import compute_goodput
+    from trainguard.accounting.goodput import compute_goodput
 
     policy = PolicyConfig(checkpoint_total_seconds=90, inprocess_share=0.5, inprocess_restart_seconds=8,
                           warm_start_seconds=20, memory_checkpoint="peer", memory_restore_seconds=2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.interval_theory import daly_seconds, young_seconds
+from trainguard.core.interval_theory import daly_seconds, young_seconds
 from trainguard.sim.calibrate import calibrate_from_run
 from trainguard.sim.engine import simulate
 from trainguard.sim.events_out import write_trial
@@ -84,8 +84,8 @@ def test_calibration_recovers_the_inputs_of_a_simulated_run(tmp_path: Path) -> N
 def test_calibration_measures_inprocess_restarts_apart(tmp_path: Path) -> None:
     """Attempts opened by an in-process restart are timed apart from full restarts, and the in-process
     outcomes give the share that did not fall back (records of the supervisor's in-process path)."""
-    from trainguard import events as ev
-    from trainguard.rundir import RunDir
+    from trainguard.core import events as ev
+    from trainguard.core.rundir import RunDir
 
     out: list[ev.Event] = [ev.AttemptStarted(time=0.0, attempt=0)]
     t = 0.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainguard.checkpoint.interval import IntervalPolicy
+from trainguard.core.interval_theory import AUTO_FORMULA, daly_seconds
 from trainguard.errors import TrainguardError
-from trainguard.interval_theory import AUTO_FORMULA, daly_seconds
 from trainguard.sim.errors import SimConfigError
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds, validate, validate_seed
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.events import Event, StepCompleted
+from trainguard.core.events import Event, StepCompleted
 from trainguard.stragglers import FLIGHT_RECORDER, PHASES, StragglerConfig, analyze
 from trainguard.stragglers.analysis import DURATIONS, _lead, _leads
 

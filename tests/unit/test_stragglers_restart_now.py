@@ -13,10 +13,10 @@ import pytest
 
 from tests.unit.test_stragglers import synth
 from tests.unit.test_stragglers_watch import _write_steps
+from trainguard.core.events import Event, StragglerAction, StragglerDetected
+from trainguard.core.protocol import RunLayout
 from trainguard.errors import UsageError
-from trainguard.events import Event, StragglerAction, StragglerDetected
 from trainguard.launch.store_auth import StoreSigner
-from trainguard.protocol import RunLayout
 from trainguard.stragglers.handover import StoreHandover
 from trainguard.stragglers.watch import AgentWatch, WatchSettings, check_options
 

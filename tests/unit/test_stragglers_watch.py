@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from tests.unit.test_stragglers import synth
-from trainguard.eventlog import EventWriter
-from trainguard.events import Event, RunEnded, RunStarted, StragglerDetected
-from trainguard.goodput import compute_goodput
-from trainguard.protocol import RunLayout
-from trainguard.rundir import LoadedEvent
+from trainguard.accounting.goodput import compute_goodput
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import Event, RunEnded, RunStarted, StragglerDetected
+from trainguard.core.protocol import RunLayout
+from trainguard.core.rundir import LoadedEvent
 from trainguard.stragglers.watch import AgentWatch, WatchSettings
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.events import Event, TelemetrySample
+from trainguard.core.events import Event, TelemetrySample
 from trainguard.health.fake import FakeGpu, FakeNvml
-from trainguard.telemetry import CpuSource, GpuSource, Sampler
-from trainguard.thermal import throttling
+from trainguard.telemetry.samplers import CpuSource, GpuSource, Sampler
+from trainguard.telemetry.thermal import throttling
 
 
 def test_gpu_source_reads_every_gpu_and_tolerates_unsupported_values() -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptStarted,
     CheckpointSaveFinished,
     Event,
@@ -18,10 +18,10 @@ from trainguard.events import (
     TelemetrySample,
 )
 from trainguard.health.fake import FakeGpu, FakeNvml
-from trainguard.power import power_report
 from trainguard.report.thermal_power import render_html, render_text, sections
-from trainguard.telemetry import GpuSource, Sampler
-from trainguard.thermal import SlowSpan, thermal_report
+from trainguard.telemetry.power import power_report
+from trainguard.telemetry.samplers import GpuSource, Sampler
+from trainguard.telemetry.thermal import SlowSpan, thermal_report
 
 T0 = float(calendar.timegm((2026, 7, 1, 11, 0, 0)))
 """11:00 UTC: a stream of two hours crosses into noon."""

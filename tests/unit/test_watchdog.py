@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.protocol import Heartbeat
 from trainguard.launch.watchdog import Watchdog, WatchdogConfig
-from trainguard.protocol import Heartbeat
 
 
 def script(step: int, t: float, dur: float = 1.0, phase: str = "idle", pt: float | None = None,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from trainguard import events as ev
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.report.view import build_view, evidence_link, open_evidence
-from trainguard.rundir import RunDir
 from trainguard.web.app import create_app
 from trainguard.web.catalog import Catalog
 

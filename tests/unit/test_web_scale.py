@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard import events as ev
-from trainguard.rundir import RunDir
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.web import app as web_app
 from trainguard.web.app import Dashboard
 from trainguard.web.catalog import CACHED_RUNS, Catalog

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.eventlog import EventWriter
-from trainguard.events import RunStarted
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import RunStarted
 from trainguard.sim.models import builtin_models
 from trainguard.web.simview import simulation_view
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.web.conftest import Server, wait_for
-from trainguard import events as ev
-from trainguard.rundir import RunDir
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 
 T0 = 1_767_000_000.0
 

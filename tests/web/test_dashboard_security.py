@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.web.conftest import Server, get, trainguard, wait_for
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
 
 TOKEN = "test-token-0123456789abcdef"

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.web.conftest import Server, trainguard, wait_for
-from trainguard import events as ev
-from trainguard.rundir import RunDir
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 from trainguard.samples import SAMPLE_RUN
 
 EVIL = "</script><script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.web.conftest import Server, trainguard, wait_for
-from trainguard import events as ev
-from trainguard.rundir import RunDir
+from trainguard.core import events as ev
+from trainguard.core.rundir import RunDir
 
 LINK = '<a href="http://evil.invalid/">x</a>'
 T0 = 1_767_000_000.0

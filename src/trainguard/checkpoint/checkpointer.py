@@ -38,8 +38,8 @@ from trainguard.checkpoint.restore import Restorer, to_payload
 from trainguard.checkpoint.safefs import make_dirs
 from trainguard.checkpoint.saving import Committer, SaveJob
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
-from trainguard.eventlog import EventWriter
-from trainguard.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:

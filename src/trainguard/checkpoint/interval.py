@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from trainguard.interval_theory import daly_seconds, young_seconds
+from trainguard.core.interval_theory import daly_seconds, young_seconds
 
 POLICIES = ("steps", "seconds", "young", "daly")
 """Valid values of `IntervalPolicy.policy`."""

@@ -36,7 +36,7 @@ from trainguard.checkpoint.manifest import (
 from trainguard.checkpoint.reader import VerifyingReader
 from trainguard.checkpoint.saving import describe_error
 from trainguard.checkpoint.structure import RANK_LOCAL_KEY, RANK_LOCAL_STORED, assign, describe, tensor_bytes
-from trainguard.events import CheckpointLoaded, CheckpointRejected, Event
+from trainguard.core.events import CheckpointLoaded, CheckpointRejected, Event
 from trainguard.torch_api.dcp import flatten_state_dict
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainguard import safefs as _core
 from trainguard.checkpoint.errors import CheckpointError
+from trainguard.core import safefs as _core
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from trainguard.checkpoint.manifest import FileEntry, Manifest, commit, step_dir
 from trainguard.checkpoint.retention import apply_retention
 from trainguard.checkpoint.structure import saved_structure
 from trainguard.checkpoint.writer import ChecksumWriter, WriteHooks
-from trainguard.events import CheckpointSaveFinished, Event
+from trainguard.core.events import CheckpointSaveFinished, Event
 
 log = logging.getLogger(__name__)
 

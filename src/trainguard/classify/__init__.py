@@ -25,8 +25,8 @@ from trainguard.classify.sources import (
 )
 from trainguard.classify.tiers import TIERS
 from trainguard.classify.xid import is_hardware_xid, xid_code
+from trainguard.core.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN, group_of
 from trainguard.errors import InputError
-from trainguard.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN, group_of
 
 __all__ = [
     "BUILTIN_RULES",

@@ -10,7 +10,7 @@ from trainguard.classify.context import is_below
 from trainguard.classify.rules import Rule, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
 from trainguard.classify.tiers import TIERS
-from trainguard.taxonomy import UNKNOWN, group_of
+from trainguard.core.taxonomy import UNKNOWN, group_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Classification:
     """Files of a directory that were not read (binary, unreadable), with the reason."""
 
     def evidence_strings(self) -> tuple[str, ...]:
-        """``file:line: text`` per evidence line, for `trainguard.events.Diagnosis.evidence` (the fleet
+        """``file:line: text`` per evidence line, for `trainguard.core.events.Diagnosis.evidence` (the fleet
         database reads XID codes from these strings)."""
         return tuple(f"{e.file}:{e.line}: {e.text}" for e in self.evidence)
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import re2
 
 from trainguard.classify.tiers import TIERS, default_tier
+from trainguard.core.taxonomy import TABLE5_GROUPS
 from trainguard.errors import InputError
-from trainguard.taxonomy import TABLE5_GROUPS
 
 log = logging.getLogger(__name__)
 

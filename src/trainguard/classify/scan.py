@@ -20,7 +20,7 @@ import re2
 
 from trainguard.classify.context import LineTime, line_time, normalize_pci
 from trainguard.classify.rules import Rule, RuleSet, TextMatch, compile_user_bytes
-from trainguard.taxonomy import UNKNOWN
+from trainguard.core.taxonomy import UNKNOWN
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.taxonomy import UNKNOWN, group_of
+from trainguard.core.taxonomy import UNKNOWN, group_of
 
 __all__ = ["TIERS", "default_tier"]
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.eventlog import EventFollower
-from trainguard.events import AttemptStarted, Diagnosis, Event, FailureDetected, InProcessRecovery, NodeExcluded
+from trainguard.core.eventlog import EventFollower
+from trainguard.core.events import AttemptStarted, Diagnosis, Event, FailureDetected, InProcessRecovery, NodeExcluded
 from trainguard.report.inert import for_terminal
 
 log = logging.getLogger(__name__)
@@ -92,16 +92,16 @@ def _inprocess_line(record: InProcessRecovery) -> str:
 
 
 def run_ettr(run_dir: Path) -> float | None:
-    """Effective training time ratio of the run from `trainguard.goodput`; None when it cannot be
+    """Effective training time ratio of the run from `trainguard.accounting.goodput`; None when it cannot be
     computed (no steps yet, a record it does not understand): the summary then says so."""
     return ettr_text_parts(run_dir)[0]
 
 
 def ettr_text_parts(run_dir: Path) -> tuple[float | None, str]:
     """The run's ETTR, and what the summary adds when the lost progress is unknown (an attempt's resume point
-    is: `trainguard.goodput.GoodputReport.lost_progress_unknown`), else ``""``."""
+    is: `trainguard.accounting.goodput.GoodputReport.lost_progress_unknown`), else ``""``."""
     try:
-        from trainguard.goodput import compute_goodput
+        from trainguard.accounting.goodput import compute_goodput
 
         report = compute_goodput(run_dir)
     except Exception as exc:  # an accounting problem must not turn a finished run into an error

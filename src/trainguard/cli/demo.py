@@ -59,9 +59,9 @@ def _model_args(text: str) -> list[str]:
 
 def final_loss(run_dir: Path, target: int) -> float | None:
     """Loss of the last execution of the target step on rank 0."""
-    from trainguard.eventlog import iter_events
-    from trainguard.events import StepCompleted
-    from trainguard.protocol import RunLayout
+    from trainguard.core.eventlog import iter_events
+    from trainguard.core.events import StepCompleted
+    from trainguard.core.protocol import RunLayout
 
     path = RunLayout(run_dir).rank_events(0)
     loss = None
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--seed must be >= 0")
     model = _model_args(args.model)
     if getattr(args, "sdc_check_every", None) is None:
-        from trainguard.sdc import DEMO_CHECK_EVERY
+        from trainguard.sdc.verdict import DEMO_CHECK_EVERY
 
         args.sdc_check_every = DEMO_CHECK_EVERY  # a 100-step demo must find an injected flip mid-run
     if args.inject is None:
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, result, wall = _one_node(args, command)
     else:
         cfg, result, wall = _many_nodes(args, command, nodes, per_node, removed)
-    from trainguard.goodput import compute_goodput
+    from trainguard.accounting.goodput import compute_goodput
     from trainguard.report.terminal import render_report
 
     report = compute_goodput(cfg.run_dir)

@@ -40,7 +40,7 @@ def resolve_nodes(spec: str, nodes: int) -> tuple[str, int]:
     """The schedule with ``node=I`` (an index) written as the node's id, and how many nodes it takes away.
 
     Raises `UsageError` for an index or name that is not one of the demo's nodes."""
-    from trainguard import chaos
+    from trainguard.chaos import faults as chaos
 
     faults = chaos.parse_spec(spec)
     parts = []
@@ -130,9 +130,9 @@ def _parse(out: bytes) -> dict[str, Any] | None:
 def job_result(cfg: Any, outcomes: list[AgentOutcome]) -> Any:
     """One `SupervisorResult` for the whole job: the job's own end (``RunEnded``, written by its leader),
     attempts and unfired faults across the agents."""
+    from trainguard.core.eventlog import read_run
+    from trainguard.core.events import RunEnded
     from trainguard.errors import InputError
-    from trainguard.eventlog import read_run
-    from trainguard.events import RunEnded
     from trainguard.launch.supervisor import SupervisorResult, unfired_faults
 
     try:

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     config = _config(args, node)
     results = run_checks(config)
     if args.record:
-        from trainguard.rundir import RunDir
+        from trainguard.core.rundir import RunDir
 
         writer_name = "health-" + re.sub(r"[^A-Za-z0-9_.@-]", "_", node)
         with RunDir(args.run_dir).create().writer(writer_name) as w:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.events import NodeReturned
 from trainguard.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, InputError, TrainguardError, UsageError
-from trainguard.events import NodeReturned
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def list_drained(args: argparse.Namespace) -> int:
 
 def _record(db: Path, outcome: Any, scheduler: str) -> Path:
     """Write the return and its last check round to the maintenance folder and index that folder."""
-    from trainguard.fleetdb import FleetDB
-    from trainguard.rundir import RunDir
+    from trainguard.core.rundir import RunDir
+    from trainguard.health.fleetdb import FleetDB
 
     folder = maintenance_dir(db)
     state = outcome.state
@@ -79,9 +79,9 @@ def _record(db: Path, outcome: Any, scheduler: str) -> Path:
 
 def return_node(args: argparse.Namespace, config_for: Callable[[argparse.Namespace, str], Any]) -> int:
     from trainguard.cli.output import print_json
-    from trainguard.fleetdb import default_db_path
     from trainguard.health import run_checks
     from trainguard.health.drain import return_node as do_return
+    from trainguard.health.fleetdb import default_db_path
     from trainguard.health.scheduler import open_adapter
 
     node = args.return_node

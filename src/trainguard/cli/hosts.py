@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import print_json, print_text
-    from trainguard.fleetdb import FleetDB, default_db_path
     from trainguard.health.drain_history import summarize as summarize_drains
-    from trainguard.lemon import LemonPolicy, rank_hosts
+    from trainguard.health.fleetdb import FleetDB, default_db_path
+    from trainguard.health.lemon import LemonPolicy, rank_hosts
 
     path = args.db or default_db_path()
     if not path.exists():

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from trainguard.cli.output import print_json
-    from trainguard.fleetdb import FleetDB, FleetDBError
+    from trainguard.health.fleetdb import FleetDB, FleetDBError
 
     results: list[dict[str, object]] = []
     failed = 0

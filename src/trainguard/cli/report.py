@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainguard.accounting.goodput import compute_goodput
     from trainguard.cli.output import print_json, print_text
-    from trainguard.goodput import compute_goodput
     from trainguard.report.drains import drain_section, render_drains
     from trainguard.report.terminal import render_report
     from trainguard.report.thermal_power import render_text, run_sections

@@ -95,7 +95,7 @@ def _stop_grace(args: argparse.Namespace) -> float | None:
 def check_schedule(faults: list[Any], world_size_max: int, auto_instrument: bool) -> None:
     """Refuse a chaos schedule that cannot fire in this job (a rank beyond the world size); warn about
     faults that fire only if the script calls ``trainguard.attach()`` (the script is not inspected)."""
-    from trainguard import chaos
+    from trainguard.chaos import faults as chaos
 
     if not faults:
         return
@@ -116,7 +116,7 @@ def _rendezvous_timeouts(rdzv_conf: dict[str, str], last_call: int | None) -> tu
 
 
 def _sdc_every(args: argparse.Namespace, faults: list[Any]) -> int:
-    from trainguard.sdc import DEFAULT_CHECK_EVERY, check_every
+    from trainguard.sdc.verdict import DEFAULT_CHECK_EVERY, check_every
 
     raw_every = getattr(args, "sdc_check_every", None)
     sdc_every = check_every(raw_every) if raw_every is not None else DEFAULT_CHECK_EVERY
@@ -128,7 +128,7 @@ def _sdc_every(args: argparse.Namespace, faults: list[Any]) -> int:
 
 def _run_dir_and_id(args: argparse.Namespace, nnodes: tuple[int, int], rdzv: Rendezvous) -> tuple[Path, str]:
     """The run directory (not created yet) and the rendezvous id every node must agree on."""
-    from trainguard.names import check_name, new_run_id
+    from trainguard.core.names import check_name, new_run_id
 
     rdzv_id = getattr(args, "rdzv_id", None)
     if rdzv_id is not None:
@@ -143,7 +143,7 @@ def _run_dir_and_id(args: argparse.Namespace, nnodes: tuple[int, int], rdzv: Ren
 
 
 def _make_folders(run_dir: Path, logs_root: Path | None) -> None:
-    from trainguard.rundir import make_dirs
+    from trainguard.core.rundir import make_dirs
 
     try:
         make_dirs(run_dir)
@@ -163,11 +163,11 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
     their own values; their `ValueError` is reworded in terms of the flags), `StorageError` (exit 4)
     when the folders cannot be created. ``check_input`` runs after the usage checks and before the
     folders are made (input errors, exit 3, come after usage errors)."""
-    from trainguard import chaos
+    from trainguard.chaos import faults as chaos
+    from trainguard.core.names import check_name
     from trainguard.health.drain import settings_from_args as drain_settings
     from trainguard.launch import SupervisorConfig, WatchdogConfig
     from trainguard.launch.supervisor import free_port
-    from trainguard.names import check_name
     from trainguard.stragglers.watch import check_options
 
     faults = chaos.parse_spec(args.inject)
@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     nnodes = parse_nnodes(args.nnodes)
     nproc = parse_nproc(args.nproc_per_node)
     rdzv = decide_rendezvous(args, nnodes)
-    from trainguard import metrics
+    from trainguard.web import metrics
 
     metrics_server = metrics.start(args.metrics_port)  # binds now: a taken port fails before anything is on disk
     cfg = build_config(args, command, nproc=nproc, nnodes=nnodes, endpoint=rdzv.endpoint, node_id=args.node_id,

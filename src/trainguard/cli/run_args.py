@@ -171,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _metrics_listen(text: str) -> tuple[str, int]:
-    from trainguard.metrics import parse_listen
+    from trainguard.web.metrics import parse_listen
 
     return parse_listen(text)
 

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     require("starlette", "uvicorn", "jinja2", "plotly", what="trainguard serve")
     import uvicorn
 
-    from trainguard.fleetdb import default_db_path
+    from trainguard.health.fleetdb import default_db_path
     from trainguard.web.app import COOKIE, create_app
     from trainguard.web.catalog import Catalog
 

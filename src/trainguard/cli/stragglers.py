@@ -21,12 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build(run_dir: str, window_steps: int = 8, min_slowdown: float = 1.08) -> dict[str, Any]:
     """The ``--json`` document of a run (docs/stragglers.md)."""
-    from trainguard.eventlog import SkippedRecords, read_run
-    from trainguard.events import TelemetrySample
-    from trainguard.power import power_report
-    from trainguard.rundir import RunDir
+    from trainguard.core.eventlog import SkippedRecords, read_run
+    from trainguard.core.events import TelemetrySample
+    from trainguard.core.rundir import RunDir
     from trainguard.stragglers import StragglerConfig, analyze, read_arrivals
-    from trainguard.thermal import SlowSpan, slow_spans, thermal_report, throttling
+    from trainguard.telemetry.power import power_report
+    from trainguard.telemetry.thermal import SlowSpan, slow_spans, thermal_report, throttling
 
     try:
         config = StragglerConfig(window_steps=window_steps, min_slowdown=min_slowdown)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.events import HealthCheckResult
+from trainguard.core.events import HealthCheckResult
 
 log = logging.getLogger(__name__)
 

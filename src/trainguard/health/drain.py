@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.events import Diagnosis, Event, NodeDrained
+from trainguard.core.safefs import create_exclusive, make_dirs
 from trainguard.errors import UsageError
-from trainguard.events import Diagnosis, Event, NodeDrained
 from trainguard.health.base import CheckResult, healthy
 from trainguard.health.scheduler import (
     SCHEDULERS,
@@ -40,7 +41,6 @@ from trainguard.health.scheduler import (
     drain_reason,
     open_adapter,
 )
-from trainguard.safefs import create_exclusive, make_dirs
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A host drained again soon after it was returned (``redrain_window_seconds``, 7 days by default) is flagged
 ``redrained``: the repair did not hold, the lemon signal Meta's research-cluster study uses. Pure: it reads
-`trainguard.fleetdb.HostRecord`-like rows (host, time, kind, detail). Shown by ``trainguard hosts``.
+`trainguard.health.fleetdb.HostRecord`-like rows (host, time, kind, detail). Shown by ``trainguard hosts``.
 """
 
 from __future__ import annotations

@@ -15,15 +15,15 @@ from typing import Any, NoReturn
 
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from trainguard.chaos import Fault
+from trainguard.chaos.faults import Fault
+from trainguard.core.eventlog import iter_events
+from trainguard.core.events import NODE_FAULT_RANK, AttemptEnded, Event, FaultInjected, HealthCheckResult, NodeExcluded
+from trainguard.core.protocol import RunLayout
+from trainguard.core.safefs import write_private
 from trainguard.errors import TrainguardError
-from trainguard.eventlog import iter_events
-from trainguard.events import NODE_FAULT_RANK, AttemptEnded, Event, FaultInjected, HealthCheckResult, NodeExcluded
 from trainguard.health import drain
 from trainguard.launch import nodes
 from trainguard.launch.config import SupervisorConfig
-from trainguard.protocol import RunLayout
-from trainguard.safefs import write_private
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event
 
 
 def lemon_reasons(cfg: SupervisorConfig) -> list[str]:
-    from trainguard.fleetdb import FleetDB, default_db_path
-    from trainguard.lemon import flagged_hosts
+    from trainguard.health.fleetdb import FleetDB, default_db_path
+    from trainguard.health.lemon import flagged_hosts
 
     path = Path(cfg.fleet_db) if cfg.fleet_db else default_db_path()
     if not path.exists():  # no fleet history yet; do not create a database as a side effect

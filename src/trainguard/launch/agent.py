@@ -10,7 +10,7 @@ restarts). Hooks:
 
 * `on_rendezvous`: before every (re)start, applies node-level chaos, runs health checks and leaves the job
   (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon (`admission`);
-* `on_start_workers`: the worker environment (`trainguard.protocol.WorkerEnv`) and ``AttemptStarted``;
+* `on_start_workers`: the worker environment (`trainguard.core.protocol.WorkerEnv`) and ``AttemptStarted``;
 * `on_monitor`: sees crashes (a process exited) and hangs (`Watchdog` over the heartbeats), and on either
   gathers evidence from every live rank *before* returning the failure, since the base agent SIGTERMs the
   workers as soon as it sees one;
@@ -32,14 +32,15 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
-from trainguard import chaos, sdc
-from trainguard.eventlog import EventWriter
-from trainguard.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
+from trainguard.chaos import faults as chaos
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
+from trainguard.core.protocol import Heartbeat, WorkerEnv, read_heartbeat
+from trainguard.core.safefs import make_dirs
 from trainguard.launch import admission, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.budget import RestartBudget
 from trainguard.launch.config import SupervisorConfig
-from trainguard.launch.corruption import CorruptionResponse
 from trainguard.launch.failures import (
     FailureRecorder,
     hang_finding,
@@ -57,8 +58,8 @@ from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
 from trainguard.launch.watchdog import Verdict, Watchdog
-from trainguard.protocol import Heartbeat, WorkerEnv, read_heartbeat
-from trainguard.safefs import make_dirs
+from trainguard.sdc import verdict as sdc
+from trainguard.sdc.response import CorruptionResponse
 from trainguard.torch_api.elastic import ElasticAgentBase
 from trainguard.torch_api.features import probe
 
@@ -118,7 +119,7 @@ class GuardAgent(ElasticAgentBase):
         self.failures = self.recorder.failures
         """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
         self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
-        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.launch.corruption`)."""
+        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
@@ -357,7 +358,7 @@ class GuardAgent(ElasticAgentBase):
         self.attempt += 1
         return self.attempt
 
-    # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.launch.corruption`'s
+    # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.sdc.response`'s
 
     def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
         if self._early is not None:

@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.names import check_name
+from trainguard.core.protocol import RunLayout
 from trainguard.errors import UsageError
 from trainguard.health.drain import DrainSettings
 from trainguard.launch.watchdog import WatchdogConfig
-from trainguard.names import check_name
-from trainguard.protocol import RunLayout
-from trainguard.sdc import DEFAULT_CHECK_EVERY, MAX_CHECK_EVERY
+from trainguard.sdc.verdict import DEFAULT_CHECK_EVERY, MAX_CHECK_EVERY
 from trainguard.stragglers.watch import MAX_SECONDS, MIN_SECONDS
 from trainguard.stragglers.watch import POLICIES as STRAGGLER_POLICIES
 
@@ -125,7 +125,7 @@ class SupervisorConfig:
 
     @property
     def layout(self) -> RunLayout:
-        """The run directory's paths (`trainguard.protocol.RunLayout`)."""
+        """The run directory's paths (`trainguard.core.protocol.RunLayout`)."""
         return RunLayout(self.run_dir, self.logs_dir_override)
 
     @property

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.protocol import rank_of
+from trainguard.core.safefs import make_dirs, write_private
 from trainguard.launch.blame import backend_of, default_group_collectives, is_stopped
 from trainguard.localize.observed import PROCESS_STATE_FILE
-from trainguard.protocol import rank_of
-from trainguard.safefs import make_dirs, write_private
 
 log = logging.getLogger(__name__)
 

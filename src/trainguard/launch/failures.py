@@ -16,13 +16,13 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 
-from trainguard.events import Diagnosis, Event, FailureDetected
+from trainguard.core.events import Diagnosis, Event, FailureDetected
+from trainguard.core.protocol import RunLayout
 from trainguard.health import drain
 from trainguard.launch import blame, evidence, nodes
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.store_auth import StoreSigner
 from trainguard.launch.watchdog import Verdict
-from trainguard.protocol import RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import os
 import stat
 from pathlib import Path
 
+from trainguard.core.eventlog import parse_record
+from trainguard.core.events import CheckpointSaveFinished
+from trainguard.core.protocol import RunLayout
 from trainguard.errors import InputError
-from trainguard.eventlog import parse_record
-from trainguard.events import CheckpointSaveFinished
-from trainguard.protocol import RunLayout
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 With ``--in-process`` a failure (a crashed rank, or a hung rank the agent kills) does not restart the worker
 group. The agent opens the next attempt, starts one new process per failed local rank with that attempt's
-environment, and publishes the attempt on its own store (``trainguard.protocol.inprocess_key``); the
+environment, and publishes the attempt on its own store (``trainguard.core.protocol.inprocess_key``); the
 surviving ranks, waiting in `trainguard.worker.inprocess.restartable`, re-form the process group with
 them. If the group is not complete within the timeout, the agent falls back to a whole-process restart.
 Single node only (the store lives in this agent).
@@ -21,14 +21,14 @@ from typing import Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
-from trainguard import protocol
-from trainguard.events import Event, InProcessRecovery
+from trainguard.core import protocol
+from trainguard.core.events import Event, InProcessRecovery
+from trainguard.core.protocol import RunLayout
 from trainguard.launch import blame
 from trainguard.launch.budget import RestartBudget
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.warm import WarmSpares
-from trainguard.protocol import RunLayout
 from trainguard.torch_api.elastic import WorkerProcesses
 
 log = logging.getLogger(__name__)

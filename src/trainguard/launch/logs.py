@@ -11,9 +11,9 @@ from string import Template
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
 
+from trainguard.core.safefs import make_dirs
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.output import LogPump, PumpedFile
-from trainguard.safefs import make_dirs
 
 
 class RunDirLogs(LogsSpecs):

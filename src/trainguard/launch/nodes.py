@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.chaos import Fault
-from trainguard.events import NODE_FAULT_RANK, Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
+from trainguard.chaos.faults import Fault
+from trainguard.core.events import NODE_FAULT_RANK, Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
+from trainguard.core.protocol import RunLayout, rank_of, read_heartbeat
+from trainguard.core.safefs import create_exclusive, make_dirs, write_private
 from trainguard.launch.evidence import log_tail
-from trainguard.protocol import RunLayout, rank_of, read_heartbeat
-from trainguard.safefs import create_exclusive, make_dirs, write_private
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.safefs import make_dirs
 from trainguard.errors import UsageError
-from trainguard.safefs import make_dirs
 
 log = logging.getLogger(__name__)
 

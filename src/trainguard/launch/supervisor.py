@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard import errors
-from trainguard.events import FailureDetected, RunEnded
+from trainguard.core.events import FailureDetected, RunEnded
+from trainguard.core.protocol import read_heartbeat
+from trainguard.core.rundir import RunDir
 from trainguard.launch.config import SupervisorConfig, parse_signals
-from trainguard.protocol import read_heartbeat
-from trainguard.rundir import RunDir
 
 if TYPE_CHECKING:
     from trainguard.launch.lifetime import ProcessTracker
@@ -276,7 +276,7 @@ def unfired_faults(cfg: SupervisorConfig) -> tuple[str, ...]:
     """The faults of the schedule that left no marker: a rank fault writes ``chaos/fired-<index>``
     before firing, a node fault ``chaos/unhealthy-<node>``. With several nodes on run directories
     that are not shared, a fault fired on another node shows here as unfired."""
-    from trainguard import chaos
+    from trainguard.chaos import faults as chaos
 
     try:
         faults = chaos.parse_spec(cfg.chaos)

@@ -1,4 +1,4 @@
-"""Hang detection from heartbeat records (`trainguard.protocol.Heartbeat`): pure logic, monotonic time only.
+"""Hang detection from heartbeat records (`trainguard.core.protocol.Heartbeat`): pure logic, monotonic time only.
 
 The agent hands `Watchdog.check` each rank's latest heartbeat and ``time.monotonic()``; nothing here reads a
 clock, so a step of the wall clock can neither fake a hang nor hide one. How a rank is judged depends on
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainguard.protocol import Heartbeat
+from trainguard.core.protocol import Heartbeat
 
 log = logging.getLogger(__name__)
 

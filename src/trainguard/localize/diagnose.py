@@ -80,7 +80,7 @@ def _run_root(p: Path) -> tuple[Path | None, int | None, Path]:
 
 def _from_events(root: Path, attempt: int | None, warnings: list[FileWarning]) -> tuple[dict[int, str], int]:
     """Rank -> host and the world size of ``attempt`` from the run's event records."""
-    from trainguard.rundir import RunDir  # light: no torch
+    from trainguard.core.rundir import RunDir  # light: no torch
 
     hosts: dict[int, str] = {}
     other: dict[int, str] = {}

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard.core.protocol import PROCESS_STATE_FILE
 from trainguard.localize.reader import MAX_RANK
-from trainguard.protocol import PROCESS_STATE_FILE
 
 __all__ = ["PROCESS_STATE_FILE", "Observed", "read_observed"]
 _MAX_BYTES = 1 << 20

@@ -8,13 +8,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from trainguard.events import NodeDrained
+from trainguard.core.events import NodeDrained
 
 
 def drain_section(run_dir: Any) -> dict[str, Any]:
     """``{"drains": [...]}``: every drain decision of the run, oldest first."""
-    from trainguard.eventlog import SkippedRecords
-    from trainguard.rundir import RunDir
+    from trainguard.core.eventlog import SkippedRecords
+    from trainguard.core.rundir import RunDir
 
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     found = [item.record for item in rd.load(skipped=SkippedRecords()) if isinstance(item.record, NodeDrained)]

@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+from trainguard.accounting.goodput import GoodputReport
+from trainguard.core.rundir import RunDir
 from trainguard.errors import StorageError, UsageError
-from trainguard.goodput import GoodputReport
 from trainguard.report.thermal_power import render_html as render_thermal_power
 from trainguard.report.view import build_view
-from trainguard.rundir import RunDir
 
 
 def render_html(run_dir: str | os.PathLike[str], report: GoodputReport | None = None, *,

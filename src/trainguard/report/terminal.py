@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.goodput import BUCKETS, GoodputReport
+from trainguard.accounting.goodput import BUCKETS, GoodputReport
 
 _BUCKET_TITLES = {
     "startup": "job start-up and initialization",

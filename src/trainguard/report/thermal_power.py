@@ -8,9 +8,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from trainguard.events import Event
-from trainguard.power import power_report
-from trainguard.thermal import slow_spans, thermal_report
+from trainguard.core.events import Event
+from trainguard.telemetry.power import power_report
+from trainguard.telemetry.thermal import slow_spans, thermal_report
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ def sections(records: Sequence[Event], root: Any = None) -> dict[str, Any]:
 
 def run_sections(run_dir: Any) -> dict[str, Any]:
     """`sections` of a run directory, over the same plausible records the goodput report accounts."""
-    from trainguard.eventlog import SkippedRecords
-    from trainguard.goodput import judge_records
-    from trainguard.rundir import RunDir
+    from trainguard.accounting.goodput import judge_records
+    from trainguard.core.eventlog import SkippedRecords
+    from trainguard.core.rundir import RunDir
 
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     kept, _ = judge_records(rd.load(skipped=SkippedRecords()))

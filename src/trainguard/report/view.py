@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trainguard.eventlog import SkippedRecords
-from trainguard.events import (
+from trainguard.accounting.goodput import BUCKETS, GoodputReport, compute_goodput, judge_records
+from trainguard.core.eventlog import SkippedRecords
+from trainguard.core.events import (
     AttemptStarted,
     CheckpointLoaded,
     CheckpointSaveFinished,
@@ -33,9 +34,8 @@ from trainguard.events import (
     StepSpan,
     final_run_end,
 )
-from trainguard.goodput import BUCKETS, GoodputReport, compute_goodput, judge_records
+from trainguard.core.rundir import RunDir
 from trainguard.report.thermal_power import sections
-from trainguard.rundir import RunDir
 
 VIEW_VERSION = 1
 """Bumped when the layout of the view document changes (the dashboard's JavaScript reads it)."""

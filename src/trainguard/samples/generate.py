@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointLoaded,
@@ -24,7 +24,7 @@ from trainguard.events import (
     RunStarted,
     StepCompleted,
 )
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
 
 T0 = 1_767_000_000.0  # a fixed start so the sample is reproducible
 HOSTS = ("node-a", "node-b")

@@ -6,7 +6,7 @@ finds the (stall, restart time, recovery scheme) combinations that reach a targe
 the domain errors of `trainguard.sim.errors`.
 """
 
-from trainguard.goodput import BUCKETS  # the badput buckets of trainguard.goodput, one definition
+from trainguard.accounting.goodput import BUCKETS  # the badput buckets of trainguard.accounting.goodput, one definition
 from trainguard.sim.engine import SimResult, simulate
 from trainguard.sim.errors import CalibrationError, ModelError, ModelFileError, SimConfigError, SimError
 from trainguard.sim.events_out import write_trial

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointLoaded,
@@ -23,7 +23,7 @@ from trainguard.events import (
     StepCompleted,
     StepSpan,
 )
-from trainguard.rundir import RunDir
+from trainguard.core.rundir import RunDir
 from trainguard.sim.errors import CalibrationError
 
 

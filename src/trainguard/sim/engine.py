@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainguard.goodput import BUCKETS
+from trainguard.accounting.goodput import BUCKETS
 from trainguard.sim.errors import SimConfigError
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds, validate, validate_seed
@@ -360,7 +360,7 @@ def samples(model: FailureModel, job: JobConfig, policy: PolicyConfig, trials: i
 
 
 def straggler_seconds(smp: Sample, policy: PolicyConfig, productive: np.ndarray) -> np.ndarray:
-    """Per trial: a straggler's extra step time, badput as in trainguard.goodput (its ``straggler`` bucket)."""
+    """Per trial: a straggler's extra step time, badput as in trainguard.accounting.goodput (``straggler``)."""
     slow = 1.0 - 1.0 / policy.straggler_slowdown
     return np.minimum(smp.stragglers * policy.straggler_catch_seconds * slow, productive)
 

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.errors import StorageError
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointLoaded,
@@ -31,13 +30,14 @@ from trainguard.events import (
     RunStarted,
     StepSpan,
 )
-from trainguard.interval_theory import AUTO_FORMULA
-from trainguard.rundir import RunDir
+from trainguard.core.interval_theory import AUTO_FORMULA
+from trainguard.core.rundir import RunDir
+from trainguard.errors import StorageError
 from trainguard.sim.engine import account, interval_seconds_for, sample
 from trainguard.sim.errors import SimConfigError
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, validate, validate_seed
-from trainguard.sim.power import PowerModel, draw_series, largest_swing
+from trainguard.telemetry.power_model import PowerModel, draw_series, largest_swing
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from trainguard.goodput import BUCKETS
+from trainguard.accounting.goodput import BUCKETS
 from trainguard.sim.engine import Sample, account, interval_seconds_for, samples, straggler_seconds
 from trainguard.sim.errors import SimConfigError
 from trainguard.sim.models import FailureModel

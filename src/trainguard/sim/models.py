@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.taxonomy import TABLE5_GROUPS
 from trainguard.sim.errors import ModelError, ModelFileError
-from trainguard.taxonomy import TABLE5_GROUPS
 
 log = logging.getLogger(__name__)
 

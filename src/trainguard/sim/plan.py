@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
+from trainguard.core.interval_theory import daly_seconds, meta_ettr, young_seconds
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds

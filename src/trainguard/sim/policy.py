@@ -1,7 +1,7 @@
 """Job and recovery-policy configuration for the simulator, and how the checkpoint interval is resolved.
 
 Both configs validate themselves (`SimConfigError` naming the field); Young and Daly come from
-`trainguard.interval_theory`, shared with the checkpointer, so ``auto`` means the same everywhere.
+`trainguard.core.interval_theory`, shared with the checkpointer, so ``auto`` means the same everywhere.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from trainguard.interval_theory import AUTO_FORMULA, daly_seconds, young_seconds
+from trainguard.core.interval_theory import AUTO_FORMULA, daly_seconds, young_seconds
 from trainguard.sim.errors import SimConfigError
 
 MAX_GPUS = 10_000_000

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.goodput import BUCKETS
-from trainguard.interval_theory import daly_seconds, meta_ettr, young_seconds
+from trainguard.accounting.goodput import BUCKETS
+from trainguard.core.interval_theory import daly_seconds, meta_ettr, young_seconds
 from trainguard.sim.engine import SimResult
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig
-from trainguard.sim.power import PowerModel, summarize
+from trainguard.telemetry.power_model import PowerModel, summarize
 
 
 def mean_detection_seconds(model: FailureModel, policy: PolicyConfig) -> float:

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.clocks import estimate_offsets, reference_host
-from trainguard.events import Event, StepCompleted
+from trainguard.core.clocks import estimate_offsets, reference_host
+from trainguard.core.events import Event, StepCompleted
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.eventlog import EventFollower, EventWriter, iter_events
+from trainguard.core.events import Event, StepCompleted, StragglerAction, StragglerDetected
+from trainguard.core.protocol import RunLayout
 from trainguard.errors import UsageError
-from trainguard.eventlog import EventFollower, EventWriter, iter_events
-from trainguard.events import Event, StepCompleted, StragglerAction, StragglerDetected
-from trainguard.protocol import RunLayout
 from trainguard.stragglers.analysis import Straggler, StragglerConfig, analyze
 from trainguard.stragglers.flight import read_arrivals
 from trainguard.stragglers.handover import Handover
-from trainguard.telemetry import Sampler, Source, default_sources
+from trainguard.telemetry.samplers import Sampler, Source, default_sources
 
 log = logging.getLogger(__name__)
 

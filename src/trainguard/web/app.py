@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainguard.goodput import GoodputReport, compute_goodput
+from trainguard.accounting.goodput import GoodputReport, compute_goodput
 from trainguard.report.drains import drain_section
 from trainguard.report.thermal_power import run_sections
 from trainguard.report.view import build_view, open_evidence

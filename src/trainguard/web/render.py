@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.eventlog import finite_json
 from trainguard.errors import UsageError
-from trainguard.eventlog import finite_json
 
 
 def require(*modules: str, what: str) -> None:

@@ -14,9 +14,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.events import CheckpointPolicyChanged, FailureDetected, RunStarted
+from trainguard.core.rundir import RunDir
 from trainguard.errors import InputError, TrainguardError
-from trainguard.events import CheckpointPolicyChanged, FailureDetected, RunStarted
-from trainguard.rundir import RunDir
 
 TRIALS = 200
 """Trials of the ETTR distribution."""

@@ -20,7 +20,7 @@ has been imported by the script. From then on:
   i.e. before step S's forward pass and collectives; a fault due at the first step of an attempt fires in
   the pre hook of that attempt's first update.
 * every K steps (``TRAINGUARD_SDC_EVERY``) the replicas compare parameter fingerprints right after the
-  update (`trainguard.worker.sdc`), before the next step's faults fire.
+  update (`trainguard.sdc.check`), before the next step's faults fire.
 * the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).

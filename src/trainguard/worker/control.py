@@ -9,7 +9,7 @@ Abstract sockets have no file permissions: any local process can connect. So the
 the peer (``SO_PEERCRED``) decides: only this user's agent process (``TRAINGUARD_AGENT_PID``) is
 served; anyone else is disconnected before a byte is read. Requests are bounded (4 KiB, 2 s) and each
 accepted connection is served by its own short-lived thread, so a stuck client cannot starve the
-agent. Dumps go only into the evidence folder fixed at worker start (see `trainguard.safefs`).
+agent. Dumps go only into the evidence folder fixed at worker start (see `trainguard.core.safefs`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.protocol import PROCESS_STATE_FILE, fr_trace_name, stacks_name
-from trainguard.safefs import open_private_dir, write_file_at
+from trainguard.core.protocol import PROCESS_STATE_FILE, fr_trace_name, stacks_name
+from trainguard.core.safefs import open_private_dir, write_file_at
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
-from trainguard import protocol
+from trainguard.core import protocol
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _enter_attempt(store: Any, attempt: int) -> None:
     rt = runtime.current()
     if rt is not None:
         rt.close()
-    sdc = sys.modules.get("trainguard.worker.sdc")
+    sdc = sys.modules.get("trainguard.sdc.check")
     if sdc is not None:  # its optimizer hook holds the old runtime
         sdc.uninstall()
 

@@ -1,7 +1,7 @@
 """`attach()`: what a training script calls to be watched: step/phase marks, events, heartbeats, evidence.
 
 Under ``trainguard run`` the agent passes everything through the environment (``TRAINGUARD_*``, see
-`trainguard.protocol.WorkerEnv`). Without an agent (plain ``python train.py`` or plain torchrun) the same
+`trainguard.core.protocol.WorkerEnv`). Without an agent (plain ``python train.py`` or plain torchrun) the same
 calls write local event files under ``trainguard-runs/<run id>/`` and nothing else; no failure of this
 library ever stops training. A script's explicit steps win over the automatic optimizer hooks.
 """
@@ -18,9 +18,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from trainguard import chaos, protocol
-from trainguard.eventlog import EventWriter
-from trainguard.events import Event
+from trainguard.chaos import faults as chaos
+from trainguard.core import protocol
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import Event
 from trainguard.worker import runtime
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainguard import chaos
-from trainguard.eventlog import EventWriter
-from trainguard.events import Event, FaultInjected, StepCompleted
-from trainguard.protocol import PROCESS_STATE_FILE, SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
-from trainguard.safefs import open_heartbeat
+from trainguard.chaos import faults as chaos
+from trainguard.core.eventlog import EventWriter
+from trainguard.core.events import Event, FaultInjected, StepCompleted
+from trainguard.core.protocol import PROCESS_STATE_FILE, SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
+from trainguard.core.safefs import open_heartbeat
 from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready, write_evidence
 from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read_pg_status
 
@@ -101,7 +101,7 @@ class Runtime:
             self.injector = chaos.Injector(faults, rank=rank, attempt=self.attempt,
                                            marker_dir=RunLayout(run_dir).chaos_dir, record=self._record_fault)
         self.sdc: Any = None
-        """The silent-data-corruption check (`trainguard.worker.sdc.SdcChecker`) once installed."""
+        """The silent-data-corruption check (`trainguard.sdc.check.SdcChecker`) once installed."""
         self._control: ControlThread | None = None
         self._control_tried = False
         self._thread: threading.Thread | None = None

@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any
 
-from trainguard.events import CheckpointLoaded, CheckpointSaveFinished, CheckpointSaveStarted, StepCompleted
+from trainguard.core.events import CheckpointLoaded, CheckpointSaveFinished, CheckpointSaveStarted, StepCompleted
 from trainguard.worker import runtime
 
 log = logging.getLogger(__name__)

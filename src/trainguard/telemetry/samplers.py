@@ -1,8 +1,8 @@
 """Thermal and power telemetry: per-host samplers (NVML GPUs, /sys CPUs) that write `TelemetrySample` records.
 
 The agent writes them to ``events/telemetry-<node>.jsonl`` every few seconds; what they explain is computed by
-the pure `trainguard.thermal` (throughput, throttling) and `trainguard.power` (the job's power curve). No torch;
-NVML through pynvml's interface (the real module or `trainguard.health.fake.FakeNvml`).
+the pure `trainguard.telemetry.thermal` (throughput, throttling) and `trainguard.telemetry.power` (the job's
+power curve). No torch; NVML through pynvml's interface (the real module or `trainguard.health.fake.FakeNvml`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainguard.events import (
+from trainguard.core.events import (
     Event,
     TelemetrySample,
 )

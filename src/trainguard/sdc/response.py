@@ -1,5 +1,5 @@
 """The agent's response to silent data corruption a worker found: record it, roll the checkpoints back to
-the last clean step at the restart, and exclude the culprit's node (the decisions are `trainguard.sdc`'s).
+the last clean step at the restart, and exclude the culprit's node (the decisions are `trainguard.sdc.verdict`'s).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard import sdc
-from trainguard.events import CheckpointRejected, Diagnosis, Event, FailureDetected, HealthCheckResult
+from trainguard.core.events import CheckpointRejected, Diagnosis, Event, FailureDetected, HealthCheckResult
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.failures import FailureRecorder
+from trainguard.sdc import verdict as sdc
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from trainguard.events import AttemptStarted, Event, RunStarted, StepCompleted
+from trainguard.core.events import AttemptStarted, Event, RunStarted, StepCompleted
 
 
 def reference_host(records: Sequence[Event]) -> str:

@@ -48,7 +48,7 @@ class AttemptSteps:
 
     attempt: int
     numbering: str
-    """`trainguard.events.StepCompleted.numbering` of its steps (``""`` for spans and older files)."""
+    """`trainguard.core.events.StepCompleted.numbering` of its steps (``""`` for spans and older files)."""
     first_step: int
     """Lowest step number it recorded."""
     last_step: int

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainguard.core.safefs import create_exclusive
 from trainguard.errors import UsageError
-from trainguard.safefs import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _FLOAT_KEYS = {"factor"}
 
 
 class CorruptionTarget(Protocol):
-    """What ``sdc`` flips a bit in (`trainguard.worker.sdc.SdcChecker`: the lead optimizer's parameters)."""
+    """What ``sdc`` flips a bit in (`trainguard.sdc.check.SdcChecker`: the lead optimizer's parameters)."""
 
     def ready(self) -> bool:
         """Whether there is something to corrupt yet (an optimizer has stepped)."""

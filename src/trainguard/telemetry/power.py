@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointSaveFinished,
@@ -24,7 +24,7 @@ from trainguard.events import (
     RunStarted,
     TelemetrySample,
 )
-from trainguard.sim.power import PowerModel
+from trainguard.telemetry.power_model import PowerModel
 
 CARRY_BINS = 2
 """A device without a sample in a bin keeps its last reading this many bins (sampling jitter is no swing)."""

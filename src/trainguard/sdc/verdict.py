@@ -1,7 +1,7 @@
 """Silent data corruption, the pure part: combine parameter checksums into one fingerprint, find the replica
 that disagrees with the majority, and the marker a detecting worker leaves for its agent (no torch here).
 
-The torch side (checksums of parameter bytes, the all-gather, the chaos bit flip) is `trainguard.worker.sdc`;
+The torch side (checksums of parameter bytes, the all-gather, the chaos bit flip) is `trainguard.sdc.check`;
 the agent's rollback and exclusion use `rollback_plan` and `exclusion_decision`. See docs/sdc.md.
 """
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.clocks import estimate_offsets, reference_host
-from trainguard.events import (
+from trainguard.core.clocks import estimate_offsets, reference_host
+from trainguard.core.events import (
     NODE_FAULT_RANK,
     AttemptStarted,
     Event,
@@ -23,7 +23,7 @@ from trainguard.events import (
     StepSpan,
     final_run_end,
 )
-from trainguard.rundir import LoadedEvent
+from trainguard.core.rundir import LoadedEvent
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ INCIDENT_WINDOW_SECONDS = 300.0
 
 
 class HostRecordLike(Protocol):
-    """What `score_hosts` reads (`trainguard.fleetdb.HostRecord` has these fields)."""
+    """What `score_hosts` reads (`trainguard.health.fleetdb.HostRecord` has these fields)."""
 
     @property
     def host(self) -> str: ...
@@ -155,7 +155,7 @@ def _reasons(counts: Counter[str], details: dict[str, Counter[str]], excess: int
 
 def rank_hosts(db: Any = None, *, policy: LemonPolicy | None = None, now: float | None = None) -> list[HostScore]:
     """Score the hosts of a fleet database: a `FleetDB`, a path to one, or None for the default."""
-    from trainguard.fleetdb import FleetDB
+    from trainguard.health.fleetdb import FleetDB
 
     if isinstance(db, FleetDB):
         return score_hosts(db.host_history(), policy=policy, now=now)

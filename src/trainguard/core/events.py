@@ -6,7 +6,7 @@ Real runs and simulated runs write the same records; analysis never cares which 
 
 Times: ``time`` is the writer's wall clock in Unix seconds when the record was made (for records
 that describe an interval, the interval's *end*); durations are seconds, named ``*_seconds``.
-Clocks of different hosts may disagree; analysis corrects for that (see `trainguard.clocks`).
+Clocks of different hosts may disagree; analysis corrects for that (see `trainguard.core.clocks`).
 """
 
 from __future__ import annotations
@@ -430,7 +430,7 @@ class StragglerAction(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetrySample(Event):
-    """One reading of one device's thermal and power state (`trainguard.telemetry`); absent values are null."""
+    """One reading of one device's thermal and power state (`trainguard.telemetry.samplers`); absent values are null."""
 
     TYPE: ClassVar[str] = "telemetry_sample"
     source: str = ""

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.errors import InputError, UsageError
-from trainguard.eventlog import EventFollower
-from trainguard.events import (
+from trainguard.accounting.goodput import BUCKETS, compute_goodput
+from trainguard.core.eventlog import EventFollower
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointSaveFinished,
@@ -43,8 +43,8 @@ from trainguard.events import (
     StepCompleted,
     StepSpan,
 )
-from trainguard.goodput import BUCKETS, compute_goodput
-from trainguard.rundir import LoadedEvent
+from trainguard.core.rundir import LoadedEvent
+from trainguard.errors import InputError, UsageError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from trainguard.core.events import SCHEMA_VERSION, Event, from_dict
 from trainguard.errors import EventFormatError, InputError, SchemaVersionError, StorageError
-from trainguard.events import SCHEMA_VERSION, Event, from_dict
 
 log = logging.getLogger(__name__)
 

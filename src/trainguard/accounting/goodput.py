@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard import resume
-from trainguard.clocks import estimate_offsets, reference_host
-from trainguard.errors import InputError
-from trainguard.eventlog import SkippedRecord, SkippedRecords, read_run
-from trainguard.events import (
+from trainguard.accounting import resume
+from trainguard.accounting.plausibility import ExcludedRecord, judge_records
+from trainguard.accounting.resume import AttemptSteps, ResumePoint, Scenario
+from trainguard.core.clocks import estimate_offsets, reference_host
+from trainguard.core.eventlog import SkippedRecord, SkippedRecords, read_run
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     CheckpointLoaded,
@@ -37,10 +38,9 @@ from trainguard.events import (
     StepSpan,
     final_run_end,
 )
-from trainguard.plausibility import ExcludedRecord, judge_records
-from trainguard.protocol import RunLayout
-from trainguard.resume import AttemptSteps, ResumePoint, Scenario
-from trainguard.rundir import LoadedEvent, RunDir
+from trainguard.core.protocol import RunLayout
+from trainguard.core.rundir import LoadedEvent, RunDir
+from trainguard.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class GoodputReport:
     excluded_records_total: int = 0
     """How many records were excluded in all."""
     resume_points: list[ResumePoint] = field(default_factory=list)
-    """Where each attempt with steps continued from, and how that is known (`trainguard.resume`)."""
+    """Where each attempt with steps continued from, and how that is known (`trainguard.accounting.resume`)."""
     lost_progress_unknown: dict[str, Any] | None = None
     """When some attempt's resume point is unknown: those attempts, and the lost progress, ETTR and completed
     steps had they started over (the report's own figures assume they did not redo anything)."""

@@ -1,7 +1,7 @@
 """Throughput against temperature, clocks and time of day, and clock throttling as the cause of a slow host.
 
 Pure: works on `TelemetrySample` and `StepCompleted` records (any source: a real run, a test's synthetic
-stream). The samplers that write the records are in `trainguard.telemetry`; docs/stragglers.md.
+stream). The samplers that write the records are in `trainguard.telemetry.samplers`; docs/stragglers.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.events import Event, StepCompleted, TelemetrySample
+from trainguard.core.events import Event, StepCompleted, TelemetrySample
 from trainguard.stragglers.analysis import Straggler
 
 THROTTLE_BITS: dict[int, str] = {0x4: "power cap", 0x8: "HW slowdown", 0x20: "SW thermal slowdown",

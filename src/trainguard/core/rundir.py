@@ -6,7 +6,7 @@
       diagnostics/    attempt-<k>/ flight-recorder dumps, stacks, log tails, verdict.json
       logs/           attempt-<k>/rank-<r>.log
       heartbeats/     <node>/attempt-<k>/rank-<r>: one small file per rank, rewritten in place
-      chaos/          marker files of fired faults and unhealthy-<node> flags (trainguard.chaos)
+      chaos/          marker files of fired faults and unhealthy-<node> flags (trainguard.chaos.faults)
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard import safefs
+from trainguard.core import safefs
+from trainguard.core.eventlog import EventWriter, SkippedRecords, read_run, run_event_files
+from trainguard.core.events import Event
+from trainguard.core.names import check_name
 from trainguard.errors import StorageError
-from trainguard.eventlog import EventWriter, SkippedRecords, read_run, run_event_files
-from trainguard.events import Event
-from trainguard.names import check_name
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ DIR_MODE = safefs.DIR_MODE
 
 
 def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE) -> Path:
-    """`trainguard.safefs.make_dirs` with a `StorageError` (exit 4) naming the folder on failure."""
+    """`trainguard.core.safefs.make_dirs` with a `StorageError` (exit 4) naming the folder on failure."""
     target = Path(path)
     try:
         safefs.make_dirs(target, mode)
@@ -82,7 +82,7 @@ class RunDir:
 
     def writer(self, name: str, *, fsync: bool = False) -> EventWriter:
         """An appending writer for ``events/<name>.jsonl``; ``name`` like ``agent-node1`` or ``rank-3``.
-        Raises `UsageError` for a name that is not a safe file name (see `trainguard.names.check_name`)."""
+        Raises `UsageError` for a name that is not a safe file name (see `trainguard.core.names.check_name`)."""
         check_name("event writer name", name)
         return EventWriter(self.events_dir / f"{name}.jsonl", fsync=fsync)
 
@@ -100,5 +100,5 @@ class RunDir:
         return [LoadedEvent(writer, line, record) for writer, line, record in read_run(self.root, skipped=skipped)]
 
     def events(self) -> list[Event]:
-        """Every record, unordered across writers (use `trainguard.clocks` to order them)."""
+        """Every record, unordered across writers (use `trainguard.core.clocks` to order them)."""
         return [e.record for e in self.load()]

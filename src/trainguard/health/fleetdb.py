@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.errors import InputError, StorageError, TrainguardError
-from trainguard.events import (
+from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
     Diagnosis,
@@ -38,7 +37,8 @@ from trainguard.events import (
     RunEnded,
     RunStarted,
 )
-from trainguard.rundir import LoadedEvent, RunDir
+from trainguard.core.rundir import LoadedEvent, RunDir
+from trainguard.errors import InputError, StorageError, TrainguardError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Silent data corruption, the torch side: every K steps the data-parallel replicas all-gather a fingerprint of
 their parameters on a gloo group of their own; on a mismatch the ranks leave a marker for the agent and wait to
-be stopped. Also the ``sdc`` chaos fault (one flipped bit). The pure logic is `trainguard.sdc`.
+be stopped. Also the ``sdc`` chaos fault (one flipped bit). The pure logic is `trainguard.sdc.verdict`.
 
 The parameters are those of the lead optimizer (the first one whose ``step()`` completes), found through
 torch's global optimizer step hook, so a script needs no change. Nothing here may stop or slow training
@@ -15,8 +15,8 @@ import time
 import weakref
 from typing import Any
 
-from trainguard import sdc
-from trainguard.safefs import create_exclusive
+from trainguard.core.safefs import create_exclusive
+from trainguard.sdc import verdict as sdc
 
 log = logging.getLogger(__name__)
 

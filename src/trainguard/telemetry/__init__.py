@@ -1,0 +1,1 @@
+"""Thermal and power: per-host samplers, throughput against temperature, the power curve and model."""
