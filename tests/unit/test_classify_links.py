@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from tests.unit import linklogs as L
-from trainguard.classify import classify_paths, classify_text, load_topology
+from trainguard.classify import LinkReport, classify_paths, classify_text, load_topology
 from trainguard.classify.links import LinkCollector
 from trainguard.classify.topology import parse_topology
 from trainguard.errors import InputError
 
 
-def _links(paths: list[Path], topo: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
+def _links(paths: list[Path], topo: dict[str, object] | None = None) -> LinkReport:
     t = parse_topology(topo) if topo is not None else None
     (c,) = classify_paths(paths, combine=True, topology=t)
     assert c.links is not None
