@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainguard.classify.engine import Classification, EvidenceLine, decide
-from trainguard.classify.linkverdict import LinkReport, SharedElement, analyze
+from trainguard.classify.linkverdict import LinkReport, SharedElement, analyze, parse_link_evidence
 from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
 from trainguard.classify.scan import Accumulator, Scanner
 from trainguard.classify.sources import (
@@ -53,6 +53,7 @@ __all__ = [
     "is_hardware_xid",
     "load_rules",
     "load_topology",
+    "parse_link_evidence",
     "xid_code",
 ]
 

@@ -7,6 +7,7 @@ many failing pairs as any element does, or "no common element". Method: docs/cla
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ SPECIFIC_SLACK = 0.05
 TIE_FACTOR = 0.85
 """Confidence is scaled by this when a tie between elements was broken by secondary evidence."""
 MAX_PAIRS_SHOWN = 64
+EVIDENCE_PAIRS = 16
+"""Pairs a diagnosis's evidence lists (failing first); the fleet database counts links from these lines."""
 LEVELS = ("nvlink", "hca", "device", "host", "leaf")
 """Element kinds, most specific first."""
 
@@ -48,6 +51,12 @@ class LinkPair:
     statuses: tuple[int, ...]
     evidence: tuple[str, ...]
     """``file:line: text`` of its first lines."""
+
+    @property
+    def where(self) -> str:
+        """The local end without its host: ``mlx5_3:1``, ``0000:07:00/link5``, or ``-``."""
+        where = self.port or "-"
+        return f"{where}/link{self.link}" if self.link is not None else where
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "host": self.host, "port": self.port, "link": self.link, "peer": self.peer,
@@ -102,6 +111,15 @@ class LinkReport:
     """Lines about pairs beyond the per-source bound (not analysed)."""
     topology: bool = False
     """Whether a topology file was given."""
+
+    def evidence_strings(self) -> tuple[str, ...]:
+        """Lines for `trainguard.events.Diagnosis.evidence`: the shared element, then one ``link-pair:`` line
+        per pair (read back by `parse_link_evidence`)."""
+        head = (f"link-shared: {self.shared.kind} {self.shared.name} (confidence {self.shared.confidence:.2f}): "
+                if self.shared else "link-shared: none: ") + self.explanation
+        pairs = [f"link-pair: {p.host or '?'} {p.where} -> {p.peer_host or '-'}: {p.fatal} failing, "
+                 f"{p.transient} transient line(s)" for p in self.pairs[:EVIDENCE_PAIRS]]
+        return (head, *pairs)
 
     def to_json(self) -> dict[str, Any]:
         return {"pairs": [p.to_json() for p in self.pairs], "pairs_total": self.pairs_total,
@@ -276,3 +294,16 @@ def _report(e: _Elem, covered: int, n: int, factor: float, topo: Topology | None
     note = " (tie broken by the port's own error events or by which host stayed silent)" if factor < 1 else ""
     return LinkReport(shared=shared, candidates=cands, explanation=(
         f"{covered} of {n} failing pair(s) share the {what} {shared.name}{note}"), **base)
+
+
+_EVIDENCE_PAIR = re.compile(r"^link-pair: (?P<host>\S+) (?P<where>\S+) -> (?P<peer>\S+): (?P<fatal>\d+) failing, "
+                            r"(?P<transient>\d+) transient")
+
+
+def parse_link_evidence(line: str) -> tuple[str, str, int, int] | None:
+    """(host, ``where -> peer``, failing lines, transient lines) of a ``link-pair:`` evidence line, else None."""
+    m = _EVIDENCE_PAIR.match(line)
+    if m is None or m.group("host") == "?":
+        return None
+    return (m.group("host"), f"{m.group('where')} -> {m.group('peer')}", int(m.group("fatal")),
+            int(m.group("transient")))
