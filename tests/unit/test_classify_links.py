@@ -127,6 +127,8 @@ def test_line_formats_parse_into_pairs() -> None:
         "curr state INIT, next state RTR, local GID index 3, local GID ::ffff:10.0.0.1, remote GID ::ffff:10.0.0.4",
         "n1:11:12 [0] NCCL WARN Net : Call to recv from 10.0.0.5<39011> failed : Connection timed out",
         "n1:11:12 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port error",
+        "n1:11:12 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.6<4321> with status=IBV_WC_RETRY_EXC_ERR(12) "
+        "opcode=1 len=0 vendor err 129 (transport retry counter exceeded) hca mlx5_2",
         "n1:11:12 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port active",
         "n1:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
         "n1:11:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] via NET/IB/0/GDRDMA",
@@ -135,10 +137,10 @@ def test_line_formats_parse_into_pairs() -> None:
         col.feed(line, "f", k)
     got = {(k.host, k.port, k.peer): s.fatal for k, s in col.pairs.items()}
     assert got == {("n1", "mlx5_3", "10.0.0.2"): 1, ("n1", None, "10.0.0.3"): 1, ("n1", "mlx5_1:1", "10.0.0.4"): 1,
-                   ("n1", None, "10.0.0.5"): 1, ("n1", "mlx5_0:1", None): 1}
+                   ("n1", None, "10.0.0.5"): 1, ("n1", "mlx5_0:1", None): 1, ("n1", "mlx5_2", "10.0.0.6"): 1}
     assert col.addresses == {"10.0.0.1": "n1"}
     statuses = {k.peer: s.statuses for k, s in col.pairs.items()}
-    assert statuses["10.0.0.2"] == {12} and statuses["10.0.0.3"] == {5}
+    assert statuses["10.0.0.2"] == {12} and statuses["10.0.0.3"] == {5} and statuses["10.0.0.6"] == {12}
 
 
 def test_no_link_lines_means_no_link_report() -> None:

@@ -25,7 +25,9 @@ _NCCL_PREFIX = re.compile(r"(?:^|[\s\]:])(?P<host>[A-Za-z0-9][\w.-]*):\d+:\d+ \[
 _SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+) "
                           r"(?P<host>[A-Za-z0-9][\w.-]*) ")
 _PEER = r"(?P<peer>[0-9A-Fa-f:.]*[0-9A-Fa-f]|[A-Za-z0-9][\w.-]*)<\d+>"
-_COMPLETION = re.compile(r"Got completion from peer " + _PEER + r" with (?:error |status=)(?P<status>\d+)")
+# "with error 12, opcode 0" (before NCCL 2.19), "with status=12 opcode=0"; a status name around the number too
+_COMPLETION = re.compile(r"Got completion from peer " + _PEER
+                         + r" with (?:error |status=)(?:[A-Z_]+\()?(?P<status>\d+)")
 _HCA = re.compile(r"\b(?:hca|on dev|dev) (?P<hca>[A-Za-z][\w-]*?_?\d+)(?::(?P<port>\d+))?\b")
 _GID = re.compile(r"\b(?:remote ?GIDs?|remoteGids?) (?P<gid>[0-9A-Fa-f:.]{3,})")
 _ASYNC = re.compile(r"(?:(?P<hca>[A-Za-z][\w-]*?_?\d+):(?P<port>\d+) )?Got async event : (?P<what>[^,;]+)")
@@ -116,7 +118,7 @@ class LinkCollector:
             if host is not None:
                 self.addresses.setdefault(am.group("ip").lower(), host)
             return
-        retry = "retrying" in text or "retry " in text.lower()
+        retry = "retrying" in text  # NCCL retries a connect; "retry counter exceeded" is a failure
         cm = _COMPLETION.search(text)
         if cm is not None:
             port = self._hca(text)
