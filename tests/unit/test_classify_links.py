@@ -131,13 +131,18 @@ def test_line_formats_parse_into_pairs() -> None:
         "opcode=1 len=0 vendor err 129 (transport retry counter exceeded) hca mlx5_2",
         "n1:11:12 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port active",
         "n1:11:12 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+        "[E1201 10:00:01.123 2231 pair.cc:534] n1:11:12 [0] ../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Read error [10.0.0.7]:23456: Connection reset by peer",
+        "../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:23456",
+        "n1:11:12 [0] NCCL WARN Net : Connection closed by remote peer 127.0.0.1<39011>",
         "n1:11:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] via NET/IB/0/GDRDMA",
     ]
     for k, line in enumerate(lines, 1):
         col.feed(line, "f", k)
     got = {(k.host, k.port, k.peer): s.fatal for k, s in col.pairs.items()}
     assert got == {("n1", "mlx5_3", "10.0.0.2"): 1, ("n1", None, "10.0.0.3"): 1, ("n1", "mlx5_1:1", "10.0.0.4"): 1,
-                   ("n1", None, "10.0.0.5"): 1, ("n1", "mlx5_0:1", None): 1, ("n1", "mlx5_2", "10.0.0.6"): 1}
+                   ("n1", None, "10.0.0.5"): 1, ("n1", "mlx5_0:1", None): 1, ("n1", "mlx5_2", "10.0.0.6"): 1,
+                   ("n1", None, "10.0.0.7"): 1}
     assert col.addresses == {"10.0.0.1": "n1"}
     statuses = {k.peer: s.statuses for k, s in col.pairs.items()}
     assert statuses["10.0.0.2"] == {12} and statuses["10.0.0.3"] == {5} and statuses["10.0.0.6"] == {12}
@@ -181,3 +186,19 @@ def test_toml_topology_loads(tmp_path: Path) -> None:
     t = load_topology(p)
     assert t.leaf_of("node-00") == "leaf-0" and t.cable_of("node-00", "mlx5_0:1") == "leaf-0/1"
     assert t.addresses == {"10.0.0.1": "node-00"}
+
+
+def test_gloo_peers_of_a_dead_host_name_it(tmp_path: Path) -> None:
+    n, dead = 6, 2
+    paths = []
+    for i in range(n):
+        if i == dead:
+            continue
+        p = tmp_path / f"rank{i}.log"
+        p.write_text(f"step 7 loss 2.1\n[E1201 10:00:0{i}.100 99 pair.cc:598] ../third_party/gloo/gloo/transport/"
+                     f"tcp/pair.cc:598] Connection closed by peer [{L.ip(dead)}]:{23456 + i}\n")
+        paths.append(p)
+    rep = _links(paths)
+    assert rep.shared is not None and (rep.shared.kind, rep.shared.host) == ("host", L.ip(dead))
+    rep = _links(paths, L.topology(n, 8))
+    assert rep.shared is not None and rep.shared.host == L.host(dead)

@@ -14,7 +14,7 @@ from trainguard.classify.context import normalize_pci
 
 LINK_KEYWORDS = ("Got completion from peer", "remote GID", "remoteGid", "Got async event", "NET/Socket",
                  "remote peer", "Call to recv", "Call to send", "Connect to ", "OOB ", "Bootstrap : Using",
-                 "SXid", "Xid")
+                 "SXid", "Xid", "transport/tcp/pair")
 """Literals that make a line a candidate for the link pass (they join the scanner's pre-filter)."""
 MAX_PAIRS = 4096
 """Distinct pairs kept per source (a 64-host job with 8 rails has a few thousand at most); more are counted."""
@@ -43,6 +43,8 @@ _SXID = re.compile(r"\bSXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[
 _LINK_NO = re.compile(r"\b[Ll]ink (?P<link>\d+)\b")
 NVLINK_XIDS = frozenset({74, *range(144, 151)})
 """XIDs the driver reports for an NVLink (74; 144-150 on newer drivers)."""
+_GLOO_PEER = re.compile(r"\[(?P<peer>[0-9A-Fa-f:.]*[0-9A-Fa-f])\]:\d+")
+"""gloo's ``transport/tcp/pair.cc`` lines name the peer ``[10.0.0.2]:23456``."""
 _V4_IN_GID = re.compile(r"::ffff:(?P<ip>\d+\.\d+\.\d+\.\d+)$")
 
 
@@ -139,6 +141,12 @@ class LinkCollector:
             self._add(PairKey("net", host, self._hca(text), None, gid_address(gm.group("gid") if gm else None),
                               file), file, lineno, text, fatal=not retry)
             return
+        if "transport/tcp/pair" in text:  # gloo: "Connection closed by peer [10.0.0.2]:23456", "Read error ..."
+            gp = _GLOO_PEER.search(text)
+            if gp is not None:
+                self._add(PairKey("net", host, None, None, _strip(gp.group("peer")), file), file, lineno, text,
+                          fatal=not retry)
+            return
         sm2 = _SOCKET_PEER.search(text)
         if sm2 is not None and ("NET/" in text or "NCCL" in text or "socket" in text.lower()):
             self._add(PairKey("net", host, None, None, _strip(sm2.group("peer")), file), file, lineno, text,
@@ -164,6 +172,8 @@ class LinkCollector:
 
     def _add(self, key: PairKey, file: str, lineno: int, text: str, *, fatal: bool, status: int | None = None,
              local: bool = False) -> None:
+        if key.peer is not None and _is_loopback(key.peer):
+            return  # ranks of one host talking over loopback: no network link to blame
         stat = self.pairs.get(key)
         if stat is None:
             if len(self.pairs) >= MAX_PAIRS:
@@ -189,3 +199,7 @@ def _port(hca: str, port: str | None) -> str:
 
 def _strip(peer: str | None) -> str | None:
     return peer.lower() if peer and peer[0].isdigit() else peer
+
+
+def _is_loopback(peer: str) -> bool:
+    return peer.startswith("127.") or peer in ("::1", "localhost") or peer.startswith("::ffff:127.")
