@@ -191,17 +191,19 @@ def _elements(p: LinkPair, topo: Topology | None) -> list[_Elem]:
     return out
 
 
-def _covers(e: _Elem, p: LinkPair, topo: Topology | None) -> bool:
-    kind, who, port, link = e
-    if kind == "nvlink":
-        return p.kind == "nvlink" and (p.host, p.port, p.link) == (who, port, link)
-    if kind == "device":
-        return p.kind == "nvlink" and (p.host, p.port) == (who, port)
-    if kind == "hca":  # its own reports, or a peer's report about its host (which of its ports is unknown)
-        return p.kind == "net" and ((p.host, p.port) == (who, port) or (p.peer_host == who and p.host != who))
-    if kind == "host":
-        return who in (p.host, p.peer_host)
-    return topo is not None and who in (topo.leaf_of(p.host), topo.leaf_of(p.peer_host))
+def _coverage(failing: list[LinkPair], topo: Topology | None) -> Counter[_Elem]:
+    """How many failing pairs each named element explains, in one pass. A host, leaf, GPU or NVLink explains
+    exactly the pairs that name it; an HCA port explains its own host's reports through it and its peers'
+    reports about its host (which of the host's ports a peer reached is not in the peer's line)."""
+    named: Counter[_Elem] = Counter()
+    about_host: Counter[str] = Counter()  # net pairs reported by another host about this one
+    for p in failing:
+        named.update(set(_elements(p, topo)))
+        if p.kind == "net" and p.peer_host is not None and p.peer_host != p.host:
+            about_host[p.peer_host] += 1
+    for e in [e for e in named if e[0] == "hca"]:
+        named[e] += about_host[e[1]] if e[1] is not None else 0
+    return named
 
 
 def _name(e: _Elem) -> str:
@@ -245,10 +247,8 @@ def analyze(col: LinkCollector, topo: Topology | None = None) -> LinkReport | No
         return LinkReport(shared=None, explanation=f"no failing link: {transient} transient line(s) "
                           f"(retries, non-fatal errors) on {len(pairs)} pair(s), nothing in common to blame",
                           **base)
-    coverage: dict[_Elem, int] = Counter()
-    named = {e for p in failing for e in _elements(p, topo)}
-    for e in named:
-        coverage[e] = sum(1 for p in failing if _covers(e, p, topo))
+    coverage = _coverage(failing, topo)
+    named = set(coverage)
     n = len(failing)
     best_overall = max(coverage.values()) / n
     ranked = sorted(named, key=lambda e: (-coverage[e], LEVELS.index(e[0]), _name(e)))
