@@ -28,12 +28,22 @@ WARN = b"[rank3]:[W1130 07:41:%02d ProcessGroupNCCL.cpp:4115] Warning: TORCH_NCC
 STEP = b"2026-11-30 09:%02d:%02d,%03d train INFO step %d loss %.4f lr 3.0e-4 grad_norm 0.%d tokens/s 81%03d\n"
 
 
+# The link pass: the address lines every rank prints at start, and a failing HCA's errors before the XID.
+LINK_START = (b"node-17:3341:3341 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.17<0>\n"
+              b"node-17:3341:3341 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB "
+              b"[3]mlx5_3:1/IB ; OOB eth0:10.0.0.17<0>\n")
+LINK_END = b"".join(
+    b"node-17:3341:3560 [3] transport/net_ib.cc:2123 NCCL WARN NET/IB : Got completion from peer 10.0.0.%d<4%04d> "
+    b"with status=12 opcode=0 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.17 remoteGids ::ffff:10.0.0.%d "
+    b"hca mlx5_3\n" % (peer, peer, peer) for peer in (16, 18, 25)) + (
+    b"node-17:3341:3560 [3] transport/net_ib.cc:112 NCCL WARN NET/IB : mlx5_3:1 Got async event : port error\n")
 NOISE = b"2026-11-30 09:00:%02d,%03d data WARNING worker %d: shard fetch failed with error, retrying (attempt 1)\n"
 
 
 def make_log(path: Path, size_bytes: int, candidates_per_mille: int = 0) -> int:
-    """A realistic training log: step lines, NCCL INFO noise, a few warnings; the XID at the end. With
-    ``candidates_per_mille``, that many lines in a thousand are warnings that trigger the pre-filter."""
+    """A realistic training log: NCCL's address lines, step lines, NCCL INFO noise, a few warnings; a failing
+    HCA's NET/IB errors and the XID at the end (so the link pass has work). With ``candidates_per_mille``,
+    that many lines in a thousand are warnings that trigger the pre-filter."""
     lines = []
     every = 1000 // candidates_per_mille if candidates_per_mille else 0
     for i in range(20000):
@@ -46,13 +56,14 @@ def make_log(path: Path, size_bytes: int, candidates_per_mille: int = 0) -> int:
         else:
             lines.append(STEP % (i % 60, i % 60, i % 1000, i, 2 + (i % 97) / 100, i % 9, i % 1000))
     block = b"".join(lines)
-    written = 0
+    written = len(LINK_START)
     with path.open("wb") as f:
+        f.write(LINK_START)
         while written < size_bytes:
             f.write(block)
             written += len(block)
-        f.write(XID)
-    return written + len(XID)
+        f.write(LINK_END + XID)
+    return written + len(LINK_END) + len(XID)
 
 
 def grep_pattern() -> str:
@@ -117,6 +128,8 @@ def main() -> None:
             "lines": doc.get("lines"),
             "category": doc.get("category"),
             "evidence_line": doc["evidence"][0]["line"] if doc.get("evidence") else None,
+            "link_shared": ((doc.get("links") or {}).get("shared") or {}).get("name"),
+            "link_fatal_pairs": (doc.get("links") or {}).get("fatal_pairs"),
             "exit_code": proc.returncode,
             "seconds": round(tg_s, 3),
             "mb_per_second": round(size / 2**20 / tg_s, 1),

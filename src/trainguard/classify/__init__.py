@@ -10,10 +10,12 @@ from __future__ import annotations
 import io
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 from trainguard.classify.engine import Classification, EvidenceLine, decide
+from trainguard.classify.linkverdict import LinkReport, SharedElement, analyze, parse_link_evidence
 from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
 from trainguard.classify.scan import Accumulator, Scanner
 from trainguard.classify.sources import (
@@ -24,6 +26,7 @@ from trainguard.classify.sources import (
     scan_stream_checked,
 )
 from trainguard.classify.tiers import TIERS
+from trainguard.classify.topology import Topology, load_topology
 from trainguard.classify.xid import is_hardware_xid, xid_code
 from trainguard.core.taxonomy import GROUPS, TABLE5_CATEGORIES, UNKNOWN, group_of
 from trainguard.errors import InputError
@@ -37,8 +40,11 @@ __all__ = [
     "UNKNOWN",
     "Classification",
     "EvidenceLine",
+    "LinkReport",
     "Rule",
     "RuleSet",
+    "SharedElement",
+    "Topology",
     "check_file",
     "classify_paths",
     "classify_text",
@@ -46,6 +52,8 @@ __all__ = [
     "group_of",
     "is_hardware_xid",
     "load_rules",
+    "load_topology",
+    "parse_link_evidence",
     "xid_code",
 ]
 
@@ -61,18 +69,26 @@ def _scanner(rules: RuleSet | None) -> Scanner:
     return Scanner(rules if rules is not None else default_rules())
 
 
-def classify_text(text: str, source: str, *, verdict: str | None = None,
-                  rules: RuleSet | None = None) -> Classification:
-    """Classify a log held in memory; ``source`` names it in the evidence."""
+def _decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None,
+            topology: Topology | None) -> Classification:
+    c = decide(source, acc, rules, verdict)
+    links = analyze(acc.links, topology)
+    return replace(c, links=links) if links is not None else c
+
+
+def classify_text(text: str, source: str, *, verdict: str | None = None, rules: RuleSet | None = None,
+                  topology: Topology | None = None) -> Classification:
+    """Classify a log held in memory; ``source`` names it in the evidence. ``topology`` helps link
+    localization name a leaf switch or cable (`load_topology`)."""
     scanner = _scanner(rules)
     acc = Accumulator(files=1)
     scanner.scan_stream(io.BytesIO(text.encode("utf-8", "replace")), source, acc)
-    return decide(source, acc, scanner.rules, verdict)
+    return _decide(source, acc, scanner.rules, verdict, topology)
 
 
 def classify_paths(paths: Iterable[str | Path], *, verdict: str | None = None,
                    rules: RuleSet | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                   combine: bool = False) -> list[Classification]:
+                   combine: bool = False, topology: Topology | None = None) -> list[Classification]:
     """One classification per path (a file, ``-`` for standard input, or a directory whose text files
     count as one source).
 
@@ -95,5 +111,5 @@ def classify_paths(paths: Iterable[str | Path], *, verdict: str | None = None,
             else:
                 scan_file(scanner, p, acc, max_bytes)
         source = str(group[0]) if len(group) == 1 else ",".join(str(p) for p in group)
-        out.append(decide(source, acc, scanner.rules, verdict))
+        out.append(_decide(source, acc, scanner.rules, verdict, topology))
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainguard.classify.context import is_below
+from trainguard.classify.linkverdict import LinkReport
 from trainguard.classify.rules import Rule, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
 from trainguard.classify.tiers import TIERS
@@ -70,6 +71,8 @@ class Classification:
     files: int = 0
     skipped: tuple[str, ...] = ()
     """Files of a directory that were not read (binary, unreadable), with the reason."""
+    links: LinkReport | None = None
+    """Link localization (failing pairs and the element they share); None when no line names a link."""
 
     def evidence_strings(self) -> tuple[str, ...]:
         """``file:line: text`` per evidence line, for `trainguard.core.events.Diagnosis.evidence` (the fleet
@@ -94,6 +97,7 @@ class Classification:
             "truncated_lines": self.truncated_lines,
             "files": self.files,
             "skipped": list(self.skipped),
+            "links": self.links.to_json() if self.links is not None else None,
         }
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import re2
 
 from trainguard.classify.context import LineTime, line_time, normalize_pci
+from trainguard.classify.links import LINK_KEYWORDS, LinkCollector
 from trainguard.classify.rules import Rule, RuleSet, TextMatch, compile_user_bytes
 from trainguard.core.taxonomy import UNKNOWN
 
@@ -120,6 +121,8 @@ class Accumulator:
     truncated_lines: int = 0
     files: int = 0
     skipped: list[str] = field(default_factory=list)
+    links: LinkCollector = field(default_factory=LinkCollector)
+    """The link pass: NCCL transport errors, NVLink XIDs and SXids folded into failing pairs."""
     _order: int = 0
 
     def add(self, hit: Hit) -> None:
@@ -156,7 +159,7 @@ class Scanner:
     def __init__(self, rules: RuleSet, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.rules = rules
         self.max_line_bytes = max_line_bytes
-        words = {*rules.source_host_keywords, *rules.section_keywords, *rules.bridge_keywords}
+        words = {*rules.source_host_keywords, *rules.section_keywords, *rules.bridge_keywords, *LINK_KEYWORDS}
         patterns: list[bytes] = []
         xid_filter = b"Xid"
         if "Xid" in rules.xid_pattern.pattern:
@@ -186,6 +189,7 @@ class Scanner:
         self._i_source = self._add_words(rules.source_host_keywords)
         self._i_section = self._add_words(rules.section_keywords)
         self._i_bridge = self._add_words(rules.bridge_keywords)
+        self._i_link = self._add_words(LINK_KEYWORDS)
         self._select.Compile()
 
     def _add_words(self, words: tuple[str, ...]) -> int:
@@ -205,6 +209,8 @@ class Scanner:
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
         chosen = set(selected)
         self._note_context(chosen, text, file, acc)
+        if self._i_link in chosen:
+            acc.links.feed(text, file, lineno)
         shown = text.strip()[:500]
         found = self._rules_matching(selected, chosen, text, shown, file, lineno, acc)
         keep = self._worth_keeping(found, acc) if found else []

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from trainguard.errors import UsageError
 
 if TYPE_CHECKING:
-    from trainguard.classify import Classification
+    from trainguard.classify import Classification, LinkReport
 
 HELP = "root-cause category (Llama 3 Table 5) of failure logs, with the evidence lines"
 
@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="treat all LOGS as one source (the evidence of one failure)")
     parser.add_argument("--max-bytes", type=int, default=None, metavar="N",
                         help="refuse files larger than N bytes (default 16 GiB; 0 = no limit)")
+    parser.add_argument("--topology", metavar="FILE",
+                        help="network topology (JSON or TOML: host -> leaf switch, HCA -> switch port) so link "
+                             "localization can name a leaf switch or cable (docs/classify.md)")
 
 
 def _render(c: Classification) -> str:
@@ -44,19 +47,36 @@ def _render(c: Classification) -> str:
         lines.append("  also: " + ", ".join(f"{cat} ({p:.2f})" for cat, p in c.alternatives))
     for s in c.skipped:
         lines.append(f"  skipped: {s}")
+    if c.links is not None:
+        lines.extend(_render_links(c.links))
     return "\n".join(lines)
 
 
+def _render_links(r: LinkReport) -> list[str]:
+    shared = r.shared
+    head = (f"  link: {shared.kind} {shared.name}, confidence {shared.confidence:.2f}" if shared
+            else "  link: no common element")
+    out = [head, f"    why: {r.explanation}"]
+    for p in r.pairs[:8]:
+        local = " ".join(x for x in (p.host or "?", p.port or "", f"link {p.link}" if p.link is not None else "") if x)
+        peer = f" -> {p.peer_host}" if p.peer_host else ""
+        out.append(f"    {local}{peer}: {p.fatal} failing, {p.transient} transient line(s)")
+    if len(r.pairs) > 8:
+        out.append(f"    ... {r.pairs_total - 8} more pair(s) (--json lists them)")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    from trainguard.classify import DEFAULT_MAX_BYTES, classify_paths, load_rules
+    from trainguard.classify import DEFAULT_MAX_BYTES, classify_paths, load_rules, load_topology
     from trainguard.cli.output import print_json, print_text
 
     max_bytes = DEFAULT_MAX_BYTES if args.max_bytes is None else args.max_bytes
     if max_bytes < 0:
         raise UsageError(f"--max-bytes must be >= 0, got {max_bytes}")
     rules = load_rules(*args.rules) if args.rules else None
+    topology = load_topology(args.topology) if args.topology else None
     results = classify_paths(args.logs, verdict=args.verdict, rules=rules, max_bytes=max_bytes,
-                             combine=args.combine)
+                             combine=args.combine, topology=topology)
     if args.json:
         print_json([c.to_json() for c in results])
     else:

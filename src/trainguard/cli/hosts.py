@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flagged", action="store_true", help="list only flagged hosts")
     parser.add_argument("--drained", action="store_true",
                         help="list only hosts the drain policy acted on (drained, refused, returned)")
+    parser.add_argument("--links", action="store_true",
+                        help="list link-level history instead: runs in which each HCA port or NVLink failed or "
+                             "had transient errors (a flapping cable shows up before it fails a job)")
     parser.add_argument("--redrain-window-days", type=float, default=7.0, metavar="D",
                         help="flag a host drained again within D days of its return (default 7)")
 
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     policy = LemonPolicy(threshold=threshold, half_life_days=half_life)
     if not 0 < args.redrain_window_days < 1e6:
         raise UsageError("--redrain-window-days must be a positive number")
+    if args.links:
+        return _links(path, args.json)
     try:
         with FleetDB(path) as db:
             scores = rank_hosts(db, policy=policy)
@@ -95,3 +100,32 @@ def _print_drains(shown: list[HostDrains], window_days: float) -> None:
                    f"{when(h.last_drained):<16}  {when(h.last_returned):<16}  {h.last_reason}")
     print(f"(DRAINED AGAIN: drained within {window_days:g} days of being returned)")
 
+
+
+def _links(path: Path, as_json: bool) -> int:
+    from trainguard.cli.output import print_json, print_text
+    from trainguard.health.fleetdb import FleetDB
+    from trainguard.health.link_history import FLAPPING_RUNS, summarize
+
+    try:
+        with FleetDB(path) as db:
+            links = summarize(db.link_history())
+    except StorageError as exc:  # this verb only reads: a database it cannot open is bad input
+        raise InputError(str(exc)) from None
+    if as_json:
+        print_json([h.to_json() for h in links])
+        return 0
+    if not links:
+        print("no link-level history in the fleet database")
+        return 0
+    hw = max(4, *(len(h.host) for h in links))
+    lw = max(4, *(len(h.link) for h in links))
+    print(f"{'host':<{hw}}  {'link':<{lw}}  failed  flapped  flag      last seen")
+    for h in links:
+        seen = dt.datetime.fromtimestamp(h.last_seen, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        flag = "FLAPPING" if h.flapping else ""
+        print_text(f"{h.host:<{hw}}  {h.link:<{lw}}  {len(h.failed_runs):6d}  {len(h.flapped_runs):7d}  "
+                   f"{flag:<8}  {seen}")
+    print(f"(failed/flapped: runs with failing / only transient lines on the link; FLAPPING: transient in "
+          f">= {FLAPPING_RUNS} runs)")
+    return 0

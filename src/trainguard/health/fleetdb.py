@@ -86,7 +86,10 @@ LEGACY_PREFIX = "legacy:"
 when its folder is indexed again."""
 
 HOST_KINDS = ("culprit", "failure", "excluded", "check_failed", "failed_attempt_member", "xid", "drained",
-              "drain_refused", "drain_failed", "returned")
+              "drain_refused", "drain_failed", "returned", "link_failed", "link_flapped")
+LINK_KINDS = ("link_failed", "link_flapped")
+"""Link-level history (detail ``mlx5_3:1 -> node-04``): a pair of a diagnosis's link localization that had
+failing lines, or only transient ones (retries, non-fatal errors). Never scored as lemon evidence themselves."""
 DRAIN_KINDS = ("drained", "drain_refused", "drain_failed", "returned")
 """Host history of the drain policy (`trainguard.health.drain`): never scored as lemon evidence themselves."""
 _DRAIN_STATUS_KINDS = {"drained": "drained", "refused": "drain_refused", "failed": "drain_failed"}
@@ -264,6 +267,18 @@ def _xid_codes(lines: tuple[str, ...]) -> list[int]:
     return [code for code in map(xid_code, lines) if code is not None]
 
 
+def _link_records(lines: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
+    """(host, kind, detail) of the ``link-pair:`` lines of a diagnosis's evidence (the classifier's parser)."""
+    from trainguard.classify import parse_link_evidence
+
+    for line in lines:
+        if line.startswith("link-pair: "):
+            got = parse_link_evidence(line)
+            if got is not None:
+                host, detail, fatal, _ = got
+                yield host, "link_failed" if fatal else "link_flapped", detail
+
+
 def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str, str, float, str, str, str, int]]:
     """Per-host history rows derived from a run's (type-checked) events."""
     attempt_hosts: dict[int, tuple[str, ...]] = {}
@@ -279,6 +294,8 @@ def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str
                 yield (_text(h), run_uid, t, "culprit", _text(e.category), w, n)
                 for code in _xid_codes(e.evidence):
                     yield (_text(h), run_uid, t, "xid", str(code), w, n)
+            for h, kind, detail in _link_records(e.evidence):
+                yield (_text(h), run_uid, t, kind, _text(detail), w, n)
         elif isinstance(e, FailureDetected):
             for h in e.hosts:
                 yield (_text(h), run_uid, t, "failure", _text(e.kind), w, n)
@@ -541,6 +558,10 @@ class FleetDB:
     def drain_history(self, host: str | None = None) -> list[HostRecord]:
         """The drain policy's records (`DRAIN_KINDS`), oldest first: drained, refused, failed, returned."""
         return [r for r in self.host_history(host) if r.kind in DRAIN_KINDS]
+
+    def link_history(self, host: str | None = None) -> list[HostRecord]:
+        """Link-level records (`LINK_KINDS`), oldest first."""
+        return [r for r in self.host_history(host) if r.kind in LINK_KINDS]
 
     def host_history(self, host: str | None = None) -> list[HostRecord]:
         sql = "SELECT host, run_uid, time, kind, detail FROM host_history"

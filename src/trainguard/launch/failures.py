@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup
 
@@ -23,6 +23,9 @@ from trainguard.launch import blame, evidence, nodes
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.store_auth import StoreSigner
 from trainguard.launch.watchdog import Verdict
+
+if TYPE_CHECKING:
+    from trainguard.classify import LinkReport
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +136,25 @@ def classify(ev: evidence.GatheredEvidence, ranks: list[int], verdict: str, back
                        if (ev.directory / f"log_tail_rank_{r}.txt").exists())
         c = classify_text(text, f"attempt-{attempt}", verdict=given)
         # The evidence lines themselves (not only file paths): the fleet database reads XID codes from them.
-        return c.category, c.group, float(c.confidence), c.evidence_strings(), note
+        lines = c.evidence_strings()
+        links = _links(ev)
+        if links is not None:  # every rank's tail: the failing pairs of all ranks locate a link
+            if links.shared is not None:
+                note += (f"; link: {links.shared.kind} {links.shared.name} in {links.shared.pairs} of "
+                         f"{links.fatal_pairs} failing pair(s) (confidence {links.shared.confidence:.2f})")
+            lines = (*lines, *links.evidence_strings())
+        return c.category, c.group, float(c.confidence), lines, note
     except Exception as exc:  # classification must never stand in the way of recovery
         log.warning("classification of attempt %d failed: %s", attempt, exc)
         return "Unknown", "Unknown", 0.0, (), note
+
+
+def _links(ev: evidence.GatheredEvidence) -> LinkReport | None:
+    """Link localization over every rank's log tail of the failure (not only the culprits')."""
+    from trainguard.classify import classify_paths
+
+    tails = sorted(ev.directory.glob("log_tail_rank_*.txt"))
+    return classify_paths(tails, combine=True)[0].links if tails else None
 
 
 class FailureRecorder:
