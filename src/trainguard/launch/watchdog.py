@@ -147,18 +147,7 @@ class Watchdog:
             return None
         last_steps = {r: (current[r].step if r in current else 0) for r in beats}
         timeout = self.timeout_seconds()
-        late: list[int] = []
-        progress: list[float] = []
-        for rank in by_source["none"]:
-            progress.append(self.attempt_start_mono)
-            if now > self._first_step_deadline(current.get(rank)):
-                late.append(rank)
-        for rank in by_source["script"]:
-            beat = current[rank]
-            last, deadline = self._script_deadline(beat, timeout)
-            progress.append(last)
-            if now > deadline:
-                late.append(rank)
+        late, progress = self._late_steps(by_source["none"], by_source["script"], current, now, timeout)
         wait: Verdict | None = None
         if by_source["optimizer"]:
             wait = self._check_wait({r: current[r] for r in by_source["optimizer"]}, now, timeout, last_steps)
@@ -181,6 +170,23 @@ class Watchdog:
             reason="; ".join(reasons), stale_ranks=wait.stale_ranks if wait is not None else (),
             waiting_ranks=wait.waiting_ranks if wait is not None else (),
         )
+
+    def _late_steps(self, silent: list[int], scripted: list[int], current: Mapping[int, Heartbeat], now: float,
+                    timeout: float) -> tuple[list[int], list[float]]:
+        """(late ranks, last progress per rank) of the ranks with no heartbeat yet (``silent``) and of those
+        that count their steps through ``trainguard.attach()`` (``scripted``)."""
+        late: list[int] = []
+        progress: list[float] = []
+        for rank in silent:
+            progress.append(self.attempt_start_mono)
+            if now > self._first_step_deadline(current.get(rank)):
+                late.append(rank)
+        for rank in scripted:
+            last, deadline = self._script_deadline(current[rank], timeout)
+            progress.append(last)
+            if now > deadline:
+                late.append(rank)
+        return late, progress
 
     # --- the rules ------------------------------------------------------------------------------
 
