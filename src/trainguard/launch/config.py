@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from trainguard.errors import UsageError
 from trainguard.health.drain import DrainSettings
 from trainguard.launch.watchdog import WatchdogConfig
 from trainguard.names import check_name
+from trainguard.numeric import in_range
 from trainguard.protocol import RunLayout
 from trainguard.sdc import DEFAULT_CHECK_EVERY, MAX_CHECK_EVERY
 from trainguard.stragglers.watch import MAX_SECONDS, MIN_SECONDS
@@ -183,22 +185,16 @@ RDZV_BACKENDS = ("c10d", "etcd-v2", "static")
 """Rendezvous backends the supervisor drives."""
 
 
-def _is_number(value: object, integer: bool) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if integer else isinstance(value, int | float)
-
-
 def _check_ranges(cfg: SupervisorConfig) -> None:
     for name, (lo, hi) in _RANGES.items():
         value = getattr(cfg, name)
         integer = name in _INTEGER_FIELDS
-        if not _is_number(value, integer) or not (lo <= value <= hi):  # NaN fails the comparison too
+        if not in_range(value, lo, hi, integer=integer):
             kind = "a whole number" if integer else "a number"
             raise ValueError(f"{name} must be {kind} from {lo:g} to {hi:g}, got {value!r}")
     if cfg.min_nodes > cfg.max_nodes:
         raise ValueError(f"min_nodes must not exceed max_nodes ({cfg.max_nodes}), got {cfg.min_nodes}")
-    if cfg.target_steps is not None and (not _is_number(cfg.target_steps, True) or cfg.target_steps < 1):
+    if cfg.target_steps is not None and not in_range(cfg.target_steps, 1, math.inf, integer=True):
         raise ValueError(f"target_steps must be None or a whole number >= 1, got {cfg.target_steps!r}")
     if not isinstance(cfg.watchdog, WatchdogConfig):
         raise ValueError(f"watchdog must be a WatchdogConfig, got {type(cfg.watchdog).__name__}")
@@ -231,7 +227,7 @@ def _check_rendezvous(cfg: SupervisorConfig) -> None:
 def _check_console(cfg: SupervisorConfig) -> None:
     parse_std_spec(cfg.redirects, "redirects")
     parse_std_spec(cfg.tee, "tee")
-    if not all(_is_number(r, True) and r >= 0 for r in cfg.local_ranks_filter):
+    if not all(in_range(r, 0, math.inf, integer=True) for r in cfg.local_ranks_filter):
         raise ValueError(f"local_ranks_filter must hold local ranks (whole numbers >= 0), "
                          f"got {cfg.local_ranks_filter!r}")
 
@@ -242,7 +238,7 @@ def _check_optional(cfg: SupervisorConfig) -> None:
                          f"got {cfg.straggler_policy!r}")
     for name in ("straggler_probe_seconds", "telemetry_seconds"):
         value = getattr(cfg, name)
-        if value is not None and not (_is_number(value, False) and (value == 0 or MIN_SECONDS <= value <= MAX_SECONDS)):
+        if value is not None and not (value == 0 or in_range(value, MIN_SECONDS, MAX_SECONDS)):
             raise ValueError(f"{name} must be None, 0 (off) or from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds, "
                              f"got {value!r}")
     if cfg.signals_to_handle is not None:

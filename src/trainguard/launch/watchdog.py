@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainguard.numeric import in_range, is_number
 from trainguard.protocol import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,9 @@ class WatchdogConfig:
                      "alive_stale_seconds"):
             value = getattr(self, name)
             # `not (0 < x < 1e6)` also refuses NaN, which would make every comparison false (never a hang).
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < 1e6):
+            if not (is_number(value) and 0 < value < 1e6):
                 raise ValueError(f"{name} must be a positive number below 1e6, got {value!r}")
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not (1 <= self.samples <= 100_000):
+        if not in_range(self.samples, 1, 100_000, integer=True):
             raise ValueError(f"samples must be a whole number from 1 to 100000, got {self.samples!r}")
 
     def max_timeout_seconds(self) -> float:
