@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainguard.launch.settings import Flag, setting
 from trainguard.numeric import in_range, is_number
 from trainguard.protocol import Heartbeat
 
@@ -37,13 +38,18 @@ _ALLOWANCE_PHASES = ("checkpoint", "done")
 class WatchdogConfig:
     """How the agent decides a job is hung."""
 
-    floor_seconds: float = 4.0
+    floor_seconds: float = setting(4.0, section="detection", flag=Flag(
+        ("--hang-floor",), "never call a hang sooner than this after the last step", metavar="SECONDS", shared=True))
     """Never call a hang sooner than this after the last progress."""
-    multiplier: float = 3.0
+    multiplier: float = setting(3.0, section="detection", flag=Flag(
+        ("--hang-multiplier",), "hang timeout = this x median step time, if above the floor", shared=True))
     """Hang timeout = multiplier x median observed step time (if above the floor)."""
-    first_step_allowance_seconds: float = 120.0
+    first_step_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
+        ("--first-step-allowance",), "time allowed from a (re)start to the first step", metavar="SECONDS",
+        shared=True))
     """Time from an attempt's start to its first completed step (startup and restore)."""
-    checkpoint_allowance_seconds: float = 120.0
+    checkpoint_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
+        ("--checkpoint-allowance",), "time allowed inside a checkpoint phase", metavar="SECONDS", shared=True))
     """Time allowed inside a checkpoint phase."""
     samples: int = 50
     """Step times remembered for the median (kept across attempts)."""
