@@ -13,9 +13,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
 
 PURE = (
-    "events", "eventlog", "protocol", "rundir", "names", "safefs", "errors", "clocks", "taxonomy", "goodput",
+    "events", "eventlog", "protocol", "rundir", "names", "numeric", "safefs", "errors", "clocks", "taxonomy",
+    "goodput",
     "plausibility", "resume", "lemon", "sdc", "thermal", "power", "interval_theory", "localize", "classify", "sim",
-    "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame", "launch.policy",
+    "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.settings", "launch.blame", "launch.policy",
     "launch.budget",
 )
 """Modules (or packages) that must run without torch and without the web stack."""
