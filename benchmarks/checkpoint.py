@@ -28,20 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from page_cache import evict as evict_files
+
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 8 << 20
 SAVES = ("raw_write", "dcp_save", "sync_save", "dcp_async_stall", "dcp_async_total", "async_stall", "async_total")
 LOADS = ("raw_read", "dcp_load", "verify_then_load", "restore")
-
-
-def _evict(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def _files(directory: Path) -> list[Path]:
@@ -78,7 +71,7 @@ class Bench:
         if self.rank == 0:
             os.sync()
             if evict:
-                _evict(_files(self.base))
+                evict_files(_files(self.base))
         self.dist.barrier(group=self.timing_pg)
 
     def timed(self, fn: Callable[[], Any], evict: bool = False) -> float:

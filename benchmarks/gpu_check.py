@@ -54,6 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from page_cache import evict_tree
+
 THIS = Path(__file__).resolve()
 ROOT = THIS.parents[1]
 SRC = ROOT / "src"
@@ -1111,18 +1114,6 @@ def section_nvml(ctx: Context) -> dict[str, Any]:
 # --- checkpoint_gpu -------------------------------------------------------------------------------
 
 
-def _evict(directory: Path) -> None:
-    """Drop the directory's files from the page cache (no root needed), so a restore reads the disk."""
-    for path in directory.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 ASYNC_SAVES = (1, 2, 3)
 """Async saves measured per method: the first allocates staging buffers, the best of the others counts."""
 
@@ -1177,7 +1168,7 @@ def section_checkpoint_gpu(ctx: Context) -> dict[str, Any]:
             torch.cuda.synchronize()
         os.sync()
         if evict is not None:
-            _evict(evict)
+            evict_tree(evict)
 
     def timed(fn: Callable[[], Any], evict: Path | None = None) -> float:
         settle(evict)

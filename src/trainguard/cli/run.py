@@ -167,6 +167,7 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
     from trainguard.core.names import check_name
     from trainguard.health.drain import settings_from_args as drain_settings
     from trainguard.launch import SupervisorConfig, WatchdogConfig
+    from trainguard.launch.settings import flag_values
     from trainguard.launch.supervisor import free_port
     from trainguard.stragglers.watch import check_options
 
@@ -190,34 +191,24 @@ def build_config(args: argparse.Namespace, command: list[str], *, nproc: int, nn
     logs_root = Path(log_dir).resolve() / rdzv_id if log_dir else None
     grace = _stop_grace(args)
     try:
-        cfg = SupervisorConfig(
+        # The options that set one field as they are (`trainguard.launch.settings`), then the parsed ones.
+        values = flag_values(args, SupervisorConfig)
+        values.update(
             command=tuple(command), run_dir=run_dir.resolve(), run_id=rdzv_id, node_id=node, nproc_per_node=nproc,
             min_nodes=nnodes[0], max_nodes=nnodes[1], rdzv_endpoint=rdzv.endpoint or f"127.0.0.1:{free_port()}",
             # 0 attempts without progress would stop before the first restart could show any: it means 1.
-            max_restarts=args.max_restarts, max_no_progress_attempts=args.no_progress_attempts or 1,
-            monitor_interval_seconds=float(getattr(args, "monitor_interval", 0.1)),
-            watchdog=WatchdogConfig(floor_seconds=args.hang_floor, multiplier=args.hang_multiplier,
-                                    first_step_allowance_seconds=args.first_step_allowance,
-                                    checkpoint_allowance_seconds=args.checkpoint_allowance),
+            max_no_progress_attempts=values.get("max_no_progress_attempts", 1) or 1,
+            watchdog=WatchdogConfig(**flag_values(args, WatchdogConfig)),
             chaos=chaos.format_spec(faults) if faults else "", health_checks=health_checks,
             target_steps=target_steps, last_call_seconds=last_call_seconds, join_timeout_seconds=join_timeout,
             auto_instrument=auto_instrument, logs_dir_override=logs_root, sdc_check_every=sdc_every,
             stop_grace_seconds=SupervisorConfig.stop_grace_seconds if grace is None else grace,
-            module=bool(getattr(args, "module", False)), no_python=bool(getattr(args, "no_python", False)),
             rdzv_backend=rdzv.backend, node_rank=rdzv.node_rank, rdzv_conf=tuple(sorted(conf.items())),
-            rdzv_close_timeout_seconds=close_timeout, local_addr=getattr(args, "local_addr", None), role=role,
-            redirects=str(getattr(args, "redirects", "0")), tee=str(getattr(args, "tee", "0")),
-            local_ranks_filter=ranks_filter, quiet=bool(getattr(args, "quiet", False)),
-            node_lost_timeout_seconds=float(getattr(args, "node_lost_timeout", 10.0)),
+            rdzv_close_timeout_seconds=close_timeout, role=role, local_ranks_filter=ranks_filter,
             straggler_policy=straggler_policy, straggler_probe_seconds=probe_seconds,
-            telemetry_seconds=telemetry_seconds, signals_to_handle=getattr(args, "signals_to_handle", None),
-            in_process=bool(getattr(args, "in_process", False)),
-            in_process_timeout_seconds=float(getattr(args, "in_process_timeout", 30.0)),
-            warm_spares=int(getattr(args, "warm_spares", 0)),
-            fresh_processes=bool(getattr(args, "fresh_processes", False)),
-            max_log_mb=getattr(args, "max_log_mb", SupervisorConfig.max_log_mb),
-            drain=drain_settings(args),
+            telemetry_seconds=telemetry_seconds, drain=drain_settings(args),
         )
+        cfg = SupervisorConfig(**values)
     except ValueError as exc:
         raise usage_error(exc) from None
     if check_input is not None:

@@ -9,6 +9,7 @@ import re
 import secrets
 import time
 
+from trainguard.core.numeric import is_number
 from trainguard.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,7 @@ def check_name(kind: str, value: object) -> str:
 def check_rank(value: object) -> int:
     """``value`` (an int or a decimal string) as a rank in ``0 <= rank < MAX_RANK``; else `UsageError`."""
     rank: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        rank = value
-    elif isinstance(value, str) and _RANK.fullmatch(value):
+    if is_number(value, integer=True) or (isinstance(value, str) and _RANK.fullmatch(value)):
         rank = int(value)
     if rank is None or not 0 <= rank < MAX_RANK:
         raise UsageError(f"bad rank {_shown(value)}: must be an integer with 0 <= rank < {MAX_RANK}")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.core.events import Diagnosis, Event, NodeDrained
+from trainguard.core.numeric import in_range
 from trainguard.core.safefs import create_exclusive, make_dirs
 from trainguard.errors import UsageError
 from trainguard.health.base import CheckResult, healthy
@@ -74,10 +75,10 @@ class DrainSettings:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         for name in ("max_share", "max_cluster_share", "min_confidence"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            if not in_range(value, 0, 1):
                 raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
         w = self.window_seconds
-        if isinstance(w, bool) or not isinstance(w, int | float) or not 1 <= w <= 365 * 86400:
+        if not in_range(w, 1, 365 * 86400):
             raise ValueError(f"window_seconds must be from 1 to 31536000 seconds, got {w!r}")
         if not isinstance(self.causes, tuple) or not self.causes or any(c not in CAUSES for c in self.causes):
             raise ValueError(f"causes must be a non-empty tuple of {', '.join(CAUSES)}, got {self.causes!r}")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard.core.names import check_name
+from trainguard.core.numeric import in_range
 from trainguard.core.protocol import RunLayout
 from trainguard.errors import UsageError
 from trainguard.health.drain import DrainSettings
+from trainguard.launch.settings import Flag, check_bounds, setting
 from trainguard.launch.watchdog import WatchdogConfig
 from trainguard.sdc.verdict import DEFAULT_CHECK_EVERY, MAX_CHECK_EVERY
 from trainguard.stragglers.watch import MAX_SECONDS, MIN_SECONDS
@@ -19,100 +22,136 @@ from trainguard.stragglers.watch import POLICIES as STRAGGLER_POLICIES
 
 @dataclass(frozen=True)
 class SupervisorConfig:
-    """Everything one node agent needs."""
+    """Everything one node agent needs.
 
-    command: tuple[str, ...]
+    Each field's section, range and ``trainguard run`` flag are in its `trainguard.launch.settings.setting`:
+    the flags, their defaults and the range checks are built from there."""
+
+    command: tuple[str, ...] = setting(section="run")
     """The training script (or module, or program) and its arguments; see ``module`` and ``no_python``."""
-    run_dir: Path
-    run_id: str
+    run_dir: Path = setting(section="run")
+    run_id: str = setting(section="torchrun")
     """Rendezvous id shared by all nodes of the job."""
-    node_id: str
+    node_id: str = setting(section="nodes")
     """This node's name in events, health checks and chaos (default: the host name)."""
-    nproc_per_node: int = 1
-    min_nodes: int = 1
-    max_nodes: int = 1
-    rdzv_endpoint: str = ""
+    nproc_per_node: int = setting(1, section="torchrun", bounds=(1, 1024))
+    min_nodes: int = setting(1, section="torchrun", bounds=(1, 4096))
+    max_nodes: int = setting(1, section="torchrun", bounds=(1, 4096))
+    rdzv_endpoint: str = setting("", section="torchrun")
     """``host:port`` of the c10d rendezvous store."""
-    max_restarts: int = 3
-    max_no_progress_attempts: int = 3
+    max_restarts: int = setting(3, section="recovery", bounds=(0, 10_000), flag=Flag(
+        ("--max-restarts",), "restart budget", torchrun=True, default_note="3; torchrun's default is 0", shared=True))
+    """Restarts of the workers before the run stops."""
+    max_no_progress_attempts: int = setting(3, section="recovery", bounds=(1, 10_000), flag=Flag(
+        ("--no-progress-attempts",), "stop after this many failed attempts without a new checkpoint", shared=True))
     """Stop after this many failed attempts in a row that saved no new checkpoint."""
-    monitor_interval_seconds: float = 0.1
-    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
-    chaos: str = ""
+    monitor_interval_seconds: float = setting(0.1, section="torchrun", bounds=(0.01, 60), flag=Flag(
+        ("--monitor-interval",), "how often workers are polled", metavar="SECONDS", torchrun=True))
+    watchdog: WatchdogConfig = setting(section="detection", factory=WatchdogConfig)
+    """Hang detection (its fields have their own flags)."""
+    chaos: str = setting("", section="run")
     """The ``--inject`` schedule (already validated)."""
-    checkpoint_dir_override: Path | None = None
-    health_checks: bool = True
-    gpu_checks: bool = True
+    checkpoint_dir_override: Path | None = setting(None, section="run")
+    health_checks: bool = setting(True, section="health", flag=Flag(
+        ("--no-health-checks",), "skip node health checks", negate=True))
+    gpu_checks: bool = setting(True, section="health")
     """GPU health checks (they skip themselves where NVML or GPUs are absent)."""
-    fleet_db: str | None = None
-    target_steps: int | None = None
-    last_call_seconds: int = 2
+    fleet_db: str | None = setting(None, section="health")
+    target_steps: int | None = setting(None, section="run")
+    last_call_seconds: int = setting(2, section="nodes", bounds=(1, 86_400))  # as --rdzv-conf's other timeouts
     """How long the rendezvous waits for more nodes once ``min_nodes`` joined."""
-    join_timeout_seconds: int = 600
-    auto_instrument: bool = True
+    join_timeout_seconds: int = setting(600, section="torchrun", bounds=(1, 86_400))
+    auto_instrument: bool = setting(True, section="workers", flag=Flag(
+        ("--no-auto-instrument",), "load nothing of trainguard into the workers (crash detection only for scripts "
+        "that never call trainguard.attach())", negate=True))
     """Load trainguard's worker side into every worker at start-up (no script change needed)."""
-    logs_dir_override: Path | None = None
+    logs_dir_override: Path | None = setting(None, section="torchrun")
     """torchrun's ``--log-dir``: where ``attempt-<k>/`` log folders go instead of ``<run dir>/logs``."""
-    stop_grace_seconds: float = 3.0
+    stop_grace_seconds: float = setting(3.0, section="recovery", bounds=(0, 3600))
     """How long a worker being stopped gets between SIGTERM (after SIGCONT) and SIGKILL."""
-    in_process: bool = False
+    in_process: bool = setting(False, section="recovery", flag=Flag(
+        ("--in-process",), "after a failure replace only the failed ranks; the others re-enter their "
+        "trainguard.worker.inprocess.restartable function (one node; docs/run.md)"))
     """``--in-process``: after a failure only the failed ranks get new processes and the others re-enter their
     `trainguard.worker.inprocess.restartable` function (one node only; docs/run.md)."""
-    in_process_timeout_seconds: float = 30.0
+    in_process_timeout_seconds: float = setting(30.0, section="recovery", bounds=(1, 3600), flag=Flag(
+        ("--in-process-timeout",), "give an in-process restart this long, then restart every worker",
+        metavar="SECONDS"))
     """How long an in-process restart may take to re-form the process group before every worker is restarted."""
-    warm_spares: int = 0
+    warm_spares: int = setting(0, section="recovery", bounds=(0, 64), flag=Flag(
+        ("--warm-spares",), "with --in-process: keep N processes with torch imported to take failed ranks' places",
+        metavar="N", default_note=""))
     """With ``in_process``: processes kept waiting with torch imported, to take a failed rank's place."""
-    fresh_processes: bool = False
+    fresh_processes: bool = setting(False, section="recovery", flag=Flag(
+        ("--fresh-processes",), "with --in-process: after a failure give every rank a new process (warm spares "
+        "first) instead of re-entering the survivors' function"))
     """With ``in_process``: after a failure every local rank gets a new process (a warm spare while one waits)
     instead of the survivors re-entering their function: a whole-process restart without re-importing torch."""
-    module: bool = False
+    module: bool = setting(False, section="torchrun", flag=Flag(
+        ("-m", "--module"), "the script is a Python module: python -u -m MODULE args", torchrun=True))
     """torchrun's ``-m``: ``command[0]`` is a module, run as ``python -u -m module args``."""
-    no_python: bool = False
+    no_python: bool = setting(False, section="torchrun", flag=Flag(
+        ("--no-python",), "run the command itself, not python -u COMMAND", torchrun=True))
     """torchrun's ``--no-python``: run ``command`` itself, not ``python -u command``."""
-    rdzv_backend: str = "c10d"
+    rdzv_backend: str = setting("c10d", section="torchrun")
     """``c10d`` (dynamic membership, store in the agent on the endpoint host), ``etcd-v2`` (dynamic
     membership, state in an etcd server) or ``static`` (fixed node count, each node's rank given by
     ``node_rank``)."""
-    node_rank: int = 0
+    node_rank: int = setting(0, section="torchrun", bounds=(0, 4095))
     """This node's rank with the ``static`` backend (torchrun's ``--node-rank``); unused with c10d."""
-    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    rdzv_conf: tuple[tuple[str, str], ...] = setting((), section="torchrun")
     """Extra rendezvous settings handed to torch as they are (``read_timeout``, ``is_host``, ...)."""
-    rdzv_close_timeout_seconds: int = 10
+    rdzv_close_timeout_seconds: int = setting(10, section="torchrun", bounds=(1, 86_400))
     """How long the rendezvous stays open for late nodes once it is closed (torch's ``close_timeout``)."""
-    local_addr: str | None = None
+    local_addr: str | None = setting(None, section="torchrun", flag=Flag(
+        ("--local-addr",), "address other nodes reach this one at", torchrun=True, default_note="torch's choice"))
     """Address other nodes use to reach this one (torchrun's ``--local-addr``); None: torch's choice."""
-    role: str = "default"
+    role: str = setting("default", section="torchrun", flag=Flag(
+        ("--role",), "worker role name", torchrun=True, default_note="'default'"))
     """Worker role name (torchrun's ``--role``): ``ROLE_NAME`` of the workers."""
-    redirects: str = "0"
+    redirects: str = setting("0", section="torchrun", flag=Flag(
+        ("-r", "--redirects"), "keep these streams off the console: 0-3 (1 stdout, 2 stderr, 3 both) or "
+        "LOCAL_RANK:VALUE,... (log files always get everything)", torchrun=True, default_note=""))
     """torchrun's ``--redirects``: streams (per local rank) kept off the console. Files are always written."""
-    tee: str = "0"
+    tee: str = setting("0", section="torchrun", flag=Flag(
+        ("-t", "--tee"), "show these streams on the console even when redirected (same syntax)", torchrun=True,
+        default_note=""))
     """torchrun's ``--tee``: streams (per local rank) shown on the console even when redirected."""
-    local_ranks_filter: tuple[int, ...] = ()
+    local_ranks_filter: tuple[int, ...] = setting((), section="torchrun")
     """Only these local ranks' output reaches the console (empty: all); files keep every rank."""
-    quiet: bool = False
+    quiet: bool = setting(False, section="workers", flag=Flag(
+        ("-q", "--quiet"), "no trainguard progress lines and no worker output on the console (errors still show)",
+        shared=True))
     """No worker output on the console (the files are still written)."""
-    sdc_check_every: int = DEFAULT_CHECK_EVERY
+    sdc_check_every: int = setting(DEFAULT_CHECK_EVERY, section="detection", bounds=(0, MAX_CHECK_EVERY))
     """Compare the data-parallel replicas' parameter fingerprints every this many optimizer steps (0: off);
     see docs/sdc.md. Handed to the workers as ``TRAINGUARD_SDC_EVERY``."""
-    log_line_prefix: str = "[rank${rank}]: "
-    max_log_mb: int = 512
+    log_line_prefix: str = setting("[rank${rank}]: ", section="workers")
+    """Prefix of each worker line on the console; ``${rank}``, ``${local_rank}``, ``${role_name}`` expand."""
+    max_log_mb: int = setting(512, section="workers", bounds=(0, 65_536), flag=Flag(
+        ("--max-log-mb",), "cap of each worker log file: at the cap it becomes <file>.1 (one rotated file kept) "
+        "and starts over; 0 = no cap", metavar="MIB"))
     """Cap of each worker log file (``--max-log-mb``, MiB): at the cap it is copied to ``<file>.1`` and
     truncated, so a stream keeps its newest part and one rotated file; 0: no cap."""
-    """Prefix of each worker line on the console; ``${rank}``, ``${local_rank}``, ``${role_name}`` expand."""
-    node_lost_timeout_seconds: float = 10.0
+    # Below 2 s, one late beat of a busy agent would count as a lost node.
+    node_lost_timeout_seconds: float = setting(10.0, section="nodes", bounds=(2, 3600), flag=Flag(
+        ("--node-lost-timeout",), "a peer agent silent this long is recorded as lost and the others re-form",
+        metavar="SECONDS"))
     """A peer agent whose beat (``nodes/<node>.beat``, rewritten every second) did not change for this long is
     recorded as lost (``node-lost``); see `trainguard.launch.nodes`."""
-    straggler_policy: str | None = None
+    straggler_policy: str | None = setting(None, section="detection")
     """``report``, ``exclude-next-restart`` or ``restart-now`` (docs/stragglers.md); None: the environment's
     ``TRAINGUARD_STRAGGLER_POLICY`` or ``report``."""
-    straggler_probe_seconds: float | None = None
+    straggler_probe_seconds: float | None = setting(None, section="detection")
     """Seconds between straggler checks and probes (0: off); None: the environment's or 10."""
-    telemetry_seconds: float | None = None
+    telemetry_seconds: float | None = setting(None, section="detection")
     """Seconds between telemetry samples (0: off); None: the environment's or 10."""
-    signals_to_handle: str | None = None
+    signals_to_handle: str | None = setting(None, section="torchrun", flag=Flag(
+        ("--signals-to-handle",), "signals forwarded to the workers", torchrun=True,
+        default_note="SIGTERM,SIGINT,SIGHUP,SIGQUIT"))
     """torchrun's ``--signals-to-handle``: comma-separated signal names the agent forwards to the workers
     (None: torch's default, SIGTERM,SIGINT,SIGHUP,SIGQUIT). Applied by `supervise` for its run only."""
-    drain: DrainSettings | None = None
+    drain: DrainSettings | None = setting(None, section="health")
     """``--drain-bad-nodes``: drain nodes in the scheduler on node-level verdicts (`trainguard.health.drain`);
     None: never touch the scheduler."""
 
@@ -156,49 +195,15 @@ class SupervisorConfig:
         return out
 
 
-# Whole-number and seconds fields with their allowed ranges (inclusive): torchrun's and trainguard's limits.
-_RANGES: dict[str, tuple[float, float]] = {
-    "nproc_per_node": (1, 1024),
-    "min_nodes": (1, 4096),
-    "max_nodes": (1, 4096),
-    "max_restarts": (0, 10_000),
-    "max_no_progress_attempts": (1, 10_000),
-    "monitor_interval_seconds": (0.01, 60),
-    "last_call_seconds": (1, 86_400),  # as --rdzv-conf's other timeouts
-    "join_timeout_seconds": (1, 86_400),
-    "stop_grace_seconds": (0, 3600),
-    "in_process_timeout_seconds": (1, 3600),
-    "warm_spares": (0, 64),
-    "node_rank": (0, 4095),
-    "rdzv_close_timeout_seconds": (1, 86_400),
-    "sdc_check_every": (0, MAX_CHECK_EVERY),
-    # Below 2 s, one late beat of a busy agent would count as a lost node.
-    "node_lost_timeout_seconds": (2, 3600),
-    "max_log_mb": (0, 65_536),
-}
-_INTEGER_FIELDS = frozenset({"nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "max_no_progress_attempts",
-                             "last_call_seconds", "join_timeout_seconds", "node_rank", "rdzv_close_timeout_seconds",
-                             "sdc_check_every", "warm_spares", "max_log_mb"})
 RDZV_BACKENDS = ("c10d", "etcd-v2", "static")
 """Rendezvous backends the supervisor drives."""
 
 
-def _is_number(value: object, integer: bool) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if integer else isinstance(value, int | float)
-
-
 def _check_ranges(cfg: SupervisorConfig) -> None:
-    for name, (lo, hi) in _RANGES.items():
-        value = getattr(cfg, name)
-        integer = name in _INTEGER_FIELDS
-        if not _is_number(value, integer) or not (lo <= value <= hi):  # NaN fails the comparison too
-            kind = "a whole number" if integer else "a number"
-            raise ValueError(f"{name} must be {kind} from {lo:g} to {hi:g}, got {value!r}")
+    check_bounds(cfg)  # each number field's range, from its `setting`
     if cfg.min_nodes > cfg.max_nodes:
         raise ValueError(f"min_nodes must not exceed max_nodes ({cfg.max_nodes}), got {cfg.min_nodes}")
-    if cfg.target_steps is not None and (not _is_number(cfg.target_steps, True) or cfg.target_steps < 1):
+    if cfg.target_steps is not None and not in_range(cfg.target_steps, 1, math.inf, integer=True):
         raise ValueError(f"target_steps must be None or a whole number >= 1, got {cfg.target_steps!r}")
     if not isinstance(cfg.watchdog, WatchdogConfig):
         raise ValueError(f"watchdog must be a WatchdogConfig, got {type(cfg.watchdog).__name__}")
@@ -231,7 +236,7 @@ def _check_rendezvous(cfg: SupervisorConfig) -> None:
 def _check_console(cfg: SupervisorConfig) -> None:
     parse_std_spec(cfg.redirects, "redirects")
     parse_std_spec(cfg.tee, "tee")
-    if not all(_is_number(r, True) and r >= 0 for r in cfg.local_ranks_filter):
+    if not all(in_range(r, 0, math.inf, integer=True) for r in cfg.local_ranks_filter):
         raise ValueError(f"local_ranks_filter must hold local ranks (whole numbers >= 0), "
                          f"got {cfg.local_ranks_filter!r}")
 
@@ -242,7 +247,7 @@ def _check_optional(cfg: SupervisorConfig) -> None:
                          f"got {cfg.straggler_policy!r}")
     for name in ("straggler_probe_seconds", "telemetry_seconds"):
         value = getattr(cfg, name)
-        if value is not None and not (_is_number(value, False) and (value == 0 or MIN_SECONDS <= value <= MAX_SECONDS)):
+        if value is not None and not (value == 0 or in_range(value, MIN_SECONDS, MAX_SECONDS)):
             raise ValueError(f"{name} must be None, 0 (off) or from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds, "
                              f"got {value!r}")
     if cfg.signals_to_handle is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,8 +103,6 @@ def gather(
     timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
 ) -> GatheredEvidence:
     """``live``: rank -> pid of processes still running; ``logs``: rank -> its log files."""
-    from trainguard.worker.control import request
-
     make_dirs(directory)
     ev = GatheredEvidence(directory)
     ask: dict[int, int] = {}
@@ -114,28 +111,7 @@ def gather(
             ev.stopped.append(rank)
         else:
             ask[rank] = pid
-
-    def one(item: tuple[int, int]) -> tuple[int, dict[str, Any] | None, bool]:
-        rank, pid = item
-        try:
-            return rank, request(pid, {"cmd": "dump"}, timeout_seconds), True
-        except (ConnectionRefusedError, FileNotFoundError):
-            return rank, None, False  # no control thread listens: the script runs without trainguard's worker side
-        except (OSError, ValueError) as exc:
-            log.warning("rank %d (pid %d) gave no evidence: %s", rank, pid, exc)
-            return rank, None, True
-
-    if ask:
-        with ThreadPoolExecutor(max_workers=min(16, len(ask))) as pool:
-            for rank, reply, channel in pool.map(one, sorted(ask.items())):
-                if reply is not None:  # it answered, even if it could not dump: not frozen
-                    if not reply.get("ok", True):
-                        log.warning("rank %d wrote no evidence: %s", rank, reply.get("error", "no reason given"))
-                    ev.replies[rank] = reply
-                elif channel:
-                    ev.unanswered.append(rank)
-                else:
-                    ev.no_channel.append(rank)
+    _ask_for_dumps(ev, ask, timeout_seconds)
     for rank, paths in sorted(logs.items()):
         text = "".join(f"==> {p.name} <==\n{log_tail(p, LOG_TAIL_LINES)}\n" for p in paths if p.exists())
         write_private(directory / f"log_tail_rank_{rank}.txt", text.encode())
@@ -147,6 +123,22 @@ def gather(
         if not p.name.startswith("."):
             ev.files.append(str(p.relative_to(run_root)))
     return ev
+
+
+def _ask_for_dumps(ev: GatheredEvidence, ask: Mapping[int, int], timeout_seconds: float) -> None:
+    """Ask the ranks of ``ask`` (rank -> pid) for their dumps at once; note in ``ev`` how each answered."""
+    from trainguard.worker.control import request_all
+
+    for rank, reply in request_all(ask, {"cmd": "dump"}, timeout_seconds).items():
+        if isinstance(reply, dict):  # it answered, even if it could not dump: not frozen
+            if not reply.get("ok", True):
+                log.warning("rank %d wrote no evidence: %s", rank, reply.get("error", "no reason given"))
+            ev.replies[rank] = reply
+        elif isinstance(reply, (ConnectionRefusedError, FileNotFoundError)):
+            ev.no_channel.append(rank)  # no control thread listens: the script runs without trainguard's worker side
+        else:
+            log.warning("rank %d (pid %d) gave no evidence: %s", rank, ask[rank], reply)
+            ev.unanswered.append(rank)
 
 
 def read_dumps(directory: Path) -> DumpSummary:

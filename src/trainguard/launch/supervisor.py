@@ -136,19 +136,12 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
                watch: RunDirWatch) -> SupervisorResult:
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from trainguard.launch.agent import GuardAgent
-    from trainguard.launch.local_rendezvous import loopback_c10d_handler, loopback_host
 
     _check_torch()
     RunDir(cfg.run_dir).create()
-    params = rendezvous_parameters(cfg)
-    loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
-    # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
-    handler = loopback_c10d_handler(params, loopback) if loopback else get_rendezvous_handler(params)
-    if cfg.rdzv_backend == "static":
-        handler = _FreshWorkerStore(handler, cfg.local_addr)
+    handler = _rendezvous_handler(cfg)
     entry, args = worker_entry(cfg)
     spec = WorkerSpec(role=cfg.role, local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
@@ -183,6 +176,27 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
                 handler.shutdown()
             except Exception as exc:
                 log.debug("rendezvous shutdown: %s", exc)
+    return _finish(cfg, agent, watch, status, reason, code)
+
+
+def _rendezvous_handler(cfg: SupervisorConfig) -> Any:
+    """torch's rendezvous handler for ``cfg``'s backend and endpoint."""
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from trainguard.launch.local_rendezvous import loopback_c10d_handler, loopback_host
+
+    params = rendezvous_parameters(cfg)
+    loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
+    # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
+    handler = loopback_c10d_handler(params, loopback) if loopback else get_rendezvous_handler(params)
+    if cfg.rdzv_backend == "static":
+        handler = _FreshWorkerStore(handler, cfg.local_addr)
+    return handler
+
+
+def _finish(cfg: SupervisorConfig, agent: Any, watch: RunDirWatch, status: str, reason: str,
+            code: int) -> SupervisorResult:
+    """After the agent's run: the final beat and ``run_ended``, the lost-folder summary, the result."""
     if watch.lost is not None:  # whatever stopped the run, its folder is no longer the run's
         status, reason, code = "lost", f"{watch.lost} (stopped {watch.lost_after or 0:.1f}s after the start)", \
             errors.EXIT_STORAGE

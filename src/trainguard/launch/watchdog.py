@@ -25,7 +25,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainguard.core.numeric import in_range, is_number
 from trainguard.core.protocol import Heartbeat
+from trainguard.launch.settings import Flag, setting
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,18 @@ _ALLOWANCE_PHASES = ("checkpoint", "done")
 class WatchdogConfig:
     """How the agent decides a job is hung."""
 
-    floor_seconds: float = 4.0
+    floor_seconds: float = setting(4.0, section="detection", flag=Flag(
+        ("--hang-floor",), "never call a hang sooner than this after the last step", metavar="SECONDS", shared=True))
     """Never call a hang sooner than this after the last progress."""
-    multiplier: float = 3.0
+    multiplier: float = setting(3.0, section="detection", flag=Flag(
+        ("--hang-multiplier",), "hang timeout = this x median step time, if above the floor", shared=True))
     """Hang timeout = multiplier x median observed step time (if above the floor)."""
-    first_step_allowance_seconds: float = 120.0
+    first_step_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
+        ("--first-step-allowance",), "time allowed from a (re)start to the first step", metavar="SECONDS",
+        shared=True))
     """Time from an attempt's start to its first completed step (startup and restore)."""
-    checkpoint_allowance_seconds: float = 120.0
+    checkpoint_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
+        ("--checkpoint-allowance",), "time allowed inside a checkpoint phase", metavar="SECONDS", shared=True))
     """Time allowed inside a checkpoint phase."""
     samples: int = 50
     """Step times remembered for the median (kept across attempts)."""
@@ -54,9 +61,9 @@ class WatchdogConfig:
                      "alive_stale_seconds"):
             value = getattr(self, name)
             # `not (0 < x < 1e6)` also refuses NaN, which would make every comparison false (never a hang).
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < 1e6):
+            if not (is_number(value) and 0 < value < 1e6):
                 raise ValueError(f"{name} must be a positive number below 1e6, got {value!r}")
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not (1 <= self.samples <= 100_000):
+        if not in_range(self.samples, 1, 100_000, integer=True):
             raise ValueError(f"samples must be a whole number from 1 to 100000, got {self.samples!r}")
 
     def max_timeout_seconds(self) -> float:
@@ -147,18 +154,7 @@ class Watchdog:
             return None
         last_steps = {r: (current[r].step if r in current else 0) for r in beats}
         timeout = self.timeout_seconds()
-        late: list[int] = []
-        progress: list[float] = []
-        for rank in by_source["none"]:
-            progress.append(self.attempt_start_mono)
-            if now > self._first_step_deadline(current.get(rank)):
-                late.append(rank)
-        for rank in by_source["script"]:
-            beat = current[rank]
-            last, deadline = self._script_deadline(beat, timeout)
-            progress.append(last)
-            if now > deadline:
-                late.append(rank)
+        late, progress = self._late_steps(by_source["none"], by_source["script"], current, now, timeout)
         wait: Verdict | None = None
         if by_source["optimizer"]:
             wait = self._check_wait({r: current[r] for r in by_source["optimizer"]}, now, timeout, last_steps)
@@ -181,6 +177,23 @@ class Watchdog:
             reason="; ".join(reasons), stale_ranks=wait.stale_ranks if wait is not None else (),
             waiting_ranks=wait.waiting_ranks if wait is not None else (),
         )
+
+    def _late_steps(self, silent: list[int], scripted: list[int], current: Mapping[int, Heartbeat], now: float,
+                    timeout: float) -> tuple[list[int], list[float]]:
+        """(late ranks, last progress per rank) of the ranks with no heartbeat yet (``silent``) and of those
+        that count their steps through ``trainguard.attach()`` (``scripted``)."""
+        late: list[int] = []
+        progress: list[float] = []
+        for rank in silent:
+            progress.append(self.attempt_start_mono)
+            if now > self._first_step_deadline(current.get(rank)):
+                late.append(rank)
+        for rank in scripted:
+            last, deadline = self._script_deadline(current[rank], timeout)
+            progress.append(last)
+            if now > deadline:
+                late.append(rank)
+        return late, progress
 
     # --- the rules ------------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ _LEN1 = frozenset(b"UC\x8c\x8a")  # one length byte, then the payload
 _LEN4 = frozenset(b"TXB\x8b")  # four length bytes
 _LEN8 = frozenset(b"\x8d\x8e\x96")  # eight length bytes
 _TEXT1 = frozenset(b"ILFSVPgp")  # an argument line ending in a newline
+_SIZED = _LEN1 | _LEN4 | _LEN8 | {0x72}  # 0x72: LONG_BINPUT, a 4-byte memo index
 _TEXT2 = frozenset(b"ci")  # two lines (module, name): refused later by find_class, but scanned here
 _MEMO_SLACK = 1 << 20
 # Bytes that make the unpickler build a container, with what one costs at most (a set is 216 bytes
@@ -99,23 +100,10 @@ def _scan_pickle(data: bytes) -> None:
         op = data[pos]
         if op == 0x2E:  # STOP: the unpickler ignores what follows
             return
-        if op in _LEN1:
-            if pos + 1 >= n:
+        if op in _SIZED:
+            pos = _sized_opcode_end(data, pos, limit)
+            if pos < 0:
                 break
-            pos += 2 + data[pos + 1]
-        elif op in _LEN4:
-            size = int.from_bytes(data[pos + 1:pos + 5], "little", signed=op == 0x8B)
-            if size < 0:
-                raise DumpError(f"damaged pickle: negative length at byte {pos}")
-            pos += 5 + size
-        elif op in _LEN8:
-            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
-        elif op == 0x72:  # LONG_BINPUT with an index of 2**20 or more
-            idx = int.from_bytes(data[pos + 1:pos + 5], "little")
-            if idx >= limit:
-                raise DumpError(f"refused: pickle memo index {idx} at byte {pos} is impossible in a file of "
-                                f"{n} bytes (it would allocate gigabytes)")
-            pos += 5
         elif op in _TEXT1 or op in _TEXT2:  # protocol-0 opcodes, rare: stepped over in a helper
             end = _text_opcode_end(data, pos, limit)
             if end < 0:
@@ -124,6 +112,27 @@ def _scan_pickle(data: bytes) -> None:
         else:
             raise DumpError(f"damaged pickle: unknown opcode 0x{op:02x} at byte {pos}")
     raise DumpError("damaged or truncated pickle (no STOP opcode)")
+
+
+def _sized_opcode_end(data: bytes, pos: int, limit: int) -> int:
+    """Where the opcode at ``pos`` with a length (or a 4-byte memo index) after it ends (-1: truncated); a
+    LONG_BINPUT's memo index must be below ``limit``."""
+    op = data[pos]
+    if op in _LEN1:
+        return -1 if pos + 1 >= len(data) else pos + 2 + data[pos + 1]
+    if op in _LEN4:
+        size = int.from_bytes(data[pos + 1:pos + 5], "little", signed=op == 0x8B)
+        if size < 0:
+            raise DumpError(f"damaged pickle: negative length at byte {pos}")
+        return pos + 5 + size
+    if op in _LEN8:
+        return pos + 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+    # LONG_BINPUT with an index of 2**20 or more
+    idx = int.from_bytes(data[pos + 1:pos + 5], "little")
+    if idx >= limit:
+        raise DumpError(f"refused: pickle memo index {idx} at byte {pos} is impossible in a file of "
+                        f"{len(data)} bytes (it would allocate gigabytes)")
+    return pos + 5
 
 
 def _text_opcode_end(data: bytes, pos: int, limit: int) -> int:

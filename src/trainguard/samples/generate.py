@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.core.events import (
@@ -42,97 +43,130 @@ SCHEDULE = {
 }
 
 
+class _SampleWriter:
+    """The sample's clock, random stream and event files, and one method per part of an attempt."""
+
+    def __init__(self, rd: RunDir) -> None:
+        self.rng = random.Random(7)
+        self.t = 0.0
+        self.writers = {r: rd.writer(f"rank-{r}") for r in range(len(HOSTS) * RANKS_PER_HOST)}
+        self.agent = rd.writer("agent-node-a")
+        self.host_of = {r: HOSTS[r // RANKS_PER_HOST] for r in self.writers}
+
+    def ts(self, host: str, t: float) -> float:
+        return T0 + t + SKEW_SECONDS[host]
+
+    def all_ranks(self, make: Callable[[int, str], Event]) -> None:
+        for r, h in self.host_of.items():
+            self.writers[r].write(make(r, h))
+
+    def start_attempt(self, attempt: int, last_ckpt: int) -> None:
+        rng = self.rng
+        self.agent.write(AttemptStarted(time=T0 + self.t, host="node-a", attempt=attempt, world_size=8, hosts=HOSTS,
+                                        resume_step=last_ckpt or None))
+        self.t += 14.0 + rng.uniform(0, 2)  # process start, rendezvous, model build
+        if last_ckpt:
+            load = 3.0 + rng.uniform(0, 0.5)
+            self.t += load
+            self.all_ranks(lambda r, h: CheckpointLoaded(time=self.ts(h, self.t), host=h, attempt=attempt, rank=r,
+                                                         step=last_ckpt, seconds=load, bytes=250_000_000))
+
+    def step(self, attempt: int, step: int) -> None:
+        dur = STEP_SECONDS * (1.0 + self.rng.gauss(0, 0.02)) * (1.25 if attempt == 1 else 1.0)
+        self.t += dur
+        loss = 6.0 * (step + 10) ** -0.3
+        self.all_ranks(lambda r, h: StepCompleted(time=self.ts(h, self.t), host=h, attempt=attempt, rank=r,
+                                                  step=step, duration_seconds=dur, loss=loss,
+                                                  phases={"data": 0.02 * dur, "forward_backward": 0.7 * dur,
+                                                          "comm_wait": 0.2 * dur, "optimizer": 0.08 * dur}))
+
+    def checkpoint(self, attempt: int, step: int) -> None:
+        blocking, total = 0.25 + self.rng.uniform(0, 0.05), 4.0
+        for r, h in self.host_of.items():
+            self.writers[r].write(CheckpointSaveStarted(time=self.ts(h, self.t), host=h, attempt=attempt, rank=r,
+                                                        step=step))
+            self.writers[r].write(CheckpointSaveFinished(time=self.ts(h, self.t + total), host=h, attempt=attempt,
+                                                         rank=r, step=step, blocking_seconds=blocking,
+                                                         total_seconds=total, bytes=250_000_000,
+                                                         path=f"checkpoints/step-{step}"))
+        self.t += blocking
+
+    def crash(self, attempt: int, step: int) -> None:
+        latency = 0.4
+        self.t += 0.6  # dies mid-step
+        t = self.t
+        self.agent.write(FailureDetected(time=T0 + t + latency, host="node-a", attempt=attempt, kind="crash",
+                                         ranks=(5,), hosts=("node-b",), detection_latency_seconds=latency, step=step,
+                                         evidence=("logs/attempt-0/rank-5.log",)))
+        self.agent.write(Diagnosis(time=T0 + t + 2, host="node-a", attempt=attempt, category="GPU HBM3 Memory",
+                                   group="GPU",
+                                   culprit_ranks=(5,), culprit_hosts=("node-b",), confidence=0.95,
+                                   explanation="uncorrectable ECC error on GPU 1 of node-b",
+                                   evidence=("NVRM: Xid (PCI:0000:1b:00): 48, pid=4242, DBE (0x2) (0x0)",)))
+        self.t += latency
+
+    def hang(self, attempt: int, step: int) -> None:
+        latency = 8.0
+        t = self.t
+        self.agent.write(FailureDetected(time=T0 + t + latency, host="node-a", attempt=attempt, kind="hang",
+                                         ranks=(2,), hosts=("node-a",), detection_latency_seconds=latency, step=step,
+                                         evidence=("diagnostics/attempt-1/",)))
+        self.agent.write(Diagnosis(time=T0 + t + latency + 1.5, host="node-a", attempt=attempt,
+                                   category="NCCL Watchdog Timeouts", group="Unknown", verdict="hang",
+                                   culprit_ranks=(2,), culprit_hosts=("node-a",), confidence=0.6,
+                                   explanation="rank 2 never entered all_reduce #291 that ranks 0,1,3-7 wait in"))
+        self.t += latency
+
+    def interrupt(self, attempt: int, step: int, how: str) -> None:
+        """The end of an attempt that did not complete: the failure (or planned stop) and the re-queue."""
+        if how == "crash":
+            self.crash(attempt, step)
+        elif how == "hang":
+            self.hang(attempt, step)
+        else:
+            self.agent.write(PlannedInterruption(time=T0 + self.t + 0.5, host="node-a", attempt=attempt,
+                                                 reason="firmware upgrade (operator)"))
+        self.t += 3.0  # evidence gathering, stopping the workers
+        self.agent.write(AttemptEnded(time=T0 + self.t, host="node-a", attempt=attempt,
+                                      reason="planned" if how == "planned" else "failure"))
+        self.t += 5.0 + self.rng.uniform(0, 1)  # re-queue, health checks
+
+    def close(self) -> None:
+        for w in (*self.writers.values(), self.agent):
+            w.close()
+
+
 def generate(out: Path) -> RunDir:
-    rng = random.Random(7)
     if out.exists():
         shutil.rmtree(out)
     rd = RunDir(out).create()
-    writers = {f"rank-{r}": rd.writer(f"rank-{r}") for r in range(len(HOSTS) * RANKS_PER_HOST)}
-    agent = rd.writer("agent-node-a")
-    host_of = {r: HOSTS[r // RANKS_PER_HOST] for r in range(len(HOSTS) * RANKS_PER_HOST)}
-
-    def rank_write(r: int, e: Event) -> None:
-        writers[f"rank-{r}"].write(e)
-
-    def ts(host: str, t: float) -> float:
-        return T0 + t + SKEW_SECONDS[host]
-
+    w = _SampleWriter(rd)
     run_id = "sample-run"
-    agent.write(RunStarted(time=T0, host="node-a", run_id=run_id, world_size=8, nnodes=2, target_steps=TARGET,
-                           synthetic=True, config={"note": "SYNTHETIC sample written by trainguard.samples.generate"}))
-    t = 0.0
+    note = "SYNTHETIC sample written by trainguard.samples.generate"
+    w.agent.write(RunStarted(time=T0, host="node-a", run_id=run_id, world_size=8, nnodes=2, target_steps=TARGET,
+                             synthetic=True, config={"note": note}))
     step = 0
     last_ckpt = 0
     attempt = 0
     while step < TARGET:
-        agent.write(AttemptStarted(time=T0 + t, host="node-a", attempt=attempt, world_size=8, hosts=HOSTS,
-                                   resume_step=last_ckpt or None))
-        t += 14.0 + rng.uniform(0, 2)  # process start, rendezvous, model build
-        if last_ckpt:
-            load = 3.0 + rng.uniform(0, 0.5)
-            t += load
-            for r, h in host_of.items():
-                rank_write(r, CheckpointLoaded(time=ts(h, t), host=h, attempt=attempt, rank=r, step=last_ckpt,
-                                               seconds=load, bytes=250_000_000))
+        w.start_attempt(attempt, last_ckpt)
         step = last_ckpt
         stop_after, how = SCHEDULE.get(attempt, (TARGET, "completed"))
         while step < min(stop_after, TARGET):
             step += 1
-            dur = STEP_SECONDS * (1.0 + rng.gauss(0, 0.02)) * (1.25 if attempt == 1 else 1.0)
-            t += dur
-            loss = 6.0 * (step + 10) ** -0.3
-            for r, h in host_of.items():
-                rank_write(r, StepCompleted(time=ts(h, t), host=h, attempt=attempt, rank=r, step=step,
-                                            duration_seconds=dur, loss=loss,
-                                            phases={"data": 0.02 * dur, "forward_backward": 0.7 * dur,
-                                                    "comm_wait": 0.2 * dur, "optimizer": 0.08 * dur}))
+            w.step(attempt, step)
             if step % CKPT_EVERY == 0:
-                blocking, total = 0.25 + rng.uniform(0, 0.05), 4.0
-                for r, h in host_of.items():
-                    rank_write(r, CheckpointSaveStarted(time=ts(h, t), host=h, attempt=attempt, rank=r, step=step))
-                    rank_write(r, CheckpointSaveFinished(time=ts(h, t + total), host=h, attempt=attempt, rank=r,
-                                                         step=step, blocking_seconds=blocking, total_seconds=total,
-                                                         bytes=250_000_000, path=f"checkpoints/step-{step}"))
-                t += blocking
+                w.checkpoint(attempt, step)
                 last_ckpt = step
         if how == "completed":
-            agent.write(AttemptEnded(time=T0 + t + 1.0, host="node-a", attempt=attempt, reason="completed",
-                                     exit_code=0))
-            t += 1.5
+            w.agent.write(AttemptEnded(time=T0 + w.t + 1.0, host="node-a", attempt=attempt, reason="completed",
+                                       exit_code=0))
+            w.t += 1.5
             break
-        if how == "crash":
-            latency = 0.4
-            t += 0.6  # dies mid-step
-            agent.write(FailureDetected(time=T0 + t + latency, host="node-a", attempt=attempt, kind="crash", ranks=(5,),
-                                        hosts=("node-b",), detection_latency_seconds=latency, step=step,
-                                        evidence=("logs/attempt-0/rank-5.log",)))
-            agent.write(Diagnosis(time=T0 + t + 2, host="node-a", attempt=attempt, category="GPU HBM3 Memory",
-                                  group="GPU",
-                                  culprit_ranks=(5,), culprit_hosts=("node-b",), confidence=0.95,
-                                  explanation="uncorrectable ECC error on GPU 1 of node-b",
-                                  evidence=("NVRM: Xid (PCI:0000:1b:00): 48, pid=4242, DBE (0x2) (0x0)",)))
-            t += latency
-        elif how == "hang":
-            latency = 8.0
-            agent.write(FailureDetected(time=T0 + t + latency, host="node-a", attempt=attempt, kind="hang", ranks=(2,),
-                                        hosts=("node-a",), detection_latency_seconds=latency, step=step,
-                                        evidence=("diagnostics/attempt-1/",)))
-            agent.write(Diagnosis(time=T0 + t + latency + 1.5, host="node-a", attempt=attempt,
-                                  category="NCCL Watchdog Timeouts", group="Unknown", verdict="hang",
-                                  culprit_ranks=(2,), culprit_hosts=("node-a",), confidence=0.6,
-                                  explanation="rank 2 never entered all_reduce #291 that ranks 0,1,3-7 wait in"))
-            t += latency
-        else:
-            agent.write(PlannedInterruption(time=T0 + t + 0.5, host="node-a", attempt=attempt,
-                                            reason="firmware upgrade (operator)"))
-        t += 3.0  # evidence gathering, stopping the workers
-        agent.write(AttemptEnded(time=T0 + t, host="node-a", attempt=attempt,
-                                 reason="planned" if how == "planned" else "failure"))
-        t += 5.0 + rng.uniform(0, 1)  # re-queue, health checks
+        w.interrupt(attempt, step, how)
         attempt += 1
-    agent.write(RunEnded(time=T0 + t, host="node-a", run_id=run_id, status="completed", completed_steps=step))
-    for w in (*writers.values(), agent):
-        w.close()
+    w.agent.write(RunEnded(time=T0 + w.t, host="node-a", run_id=run_id, status="completed", completed_steps=step))
+    w.close()
     return rd
 
 

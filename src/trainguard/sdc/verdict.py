@@ -8,7 +8,6 @@ the agent's rollback and exclusion use `rollback_plan` and `exclusion_decision`.
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -16,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.numeric import in_range, is_number
 from trainguard.errors import UsageError
 
 DEFAULT_CHECK_EVERY = 100
@@ -184,20 +184,20 @@ class SdcMarker:
 
         def integer(key: str) -> int:
             v = data.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 62:
+            if not in_range(v, 0, (1 << 62) - 1, integer=True):
                 raise ValueError(f"field {key!r}: expected a non-negative integer")
-            return v
+            return int(v)
 
         def number(key: str) -> float:
             v = data.get(key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            if not is_number(v):
                 raise ValueError(f"field {key!r}: expected a finite number")
             return float(v)
 
         def ints(key: str) -> tuple[int, ...]:
             v = data.get(key)
             if not isinstance(v, list) or len(v) > 1 << 20 or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 31 for x in v):
+                    in_range(x, 0, (1 << 31) - 1, integer=True) for x in v):
                 raise ValueError(f"field {key!r}: expected a list of ranks")
             return tuple(v)
 

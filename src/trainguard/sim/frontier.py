@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from trainguard.accounting.goodput import BUCKETS
+from trainguard.sim.bisect import largest_passing
 from trainguard.sim.engine import Sample, account, interval_seconds_for, samples, straggler_seconds
 from trainguard.sim.errors import SimConfigError
 from trainguard.sim.models import FailureModel
@@ -169,18 +170,7 @@ def ettr_evaluator(model: FailureModel, job: JobConfig, base: PolicyConfig, *, t
 
 def _max_restart(ok: Callable[[float], bool]) -> float | None:
     """Largest restart time in [MIN, MAX] for which ``ok`` holds (monotone: true below, false above)."""
-    lo, hi = math.log(MIN_RESTART_SECONDS), math.log(MAX_RESTART_SECONDS)
-    if not ok(MIN_RESTART_SECONDS):
-        return None
-    if ok(MAX_RESTART_SECONDS):
-        return MAX_RESTART_SECONDS
-    for _ in range(_BISECTIONS):
-        mid = (lo + hi) / 2
-        if ok(math.exp(mid)):
-            lo = mid
-        else:
-            hi = mid
-    return math.exp(lo)
+    return largest_passing(ok, MIN_RESTART_SECONDS, MAX_RESTART_SECONDS, iterations=_BISECTIONS, log_scale=True)
 
 
 def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
@@ -240,16 +230,8 @@ def _detection_scale(evaluate: Evaluator, base: PolicyConfig, scheme: str, confi
     def ok(f: float) -> bool:
         return evaluate(corner, detection_scale=f)[0] >= config.target_ettr
 
-    if not ok(0.0):
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(_BISECTIONS):
-        mid = (lo + hi) / 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # Only schemes whose corner misses the target at f = 1 come here: 1 is not tried again.
+    return largest_passing(ok, 0.0, 1.0, iterations=_BISECTIONS, hi_fails=True)
 
 
 def frontier_json(frontier: Frontier) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core.numeric import is_number
 from trainguard.core.taxonomy import TABLE5_GROUPS
 from trainguard.sim.errors import ModelError, ModelFileError
 
@@ -140,9 +141,9 @@ def load_model(name_or_path: str | Path) -> FailureModel:
 
 
 def _number(where: str, key: str, value: Any, *, positive: bool = False, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise ModelError(f"{where}: {key} must be a finite number, not {value!r}")
-    if integer and not isinstance(value, int):
+    if integer and not is_number(value, integer=True):
         raise ModelError(f"{where}: {key} must be an integer, not {value!r}")
     if value < 0 or (positive and value == 0):
         raise ModelError(f"{where}: {key} must be {'positive' if positive else 'non-negative'}, not {value!r}")

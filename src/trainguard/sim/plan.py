@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.core.interval_theory import daly_seconds, meta_ettr, young_seconds
+from trainguard.sim.bisect import largest_passing
 from trainguard.sim.engine import simulate
 from trainguard.sim.models import FailureModel
 from trainguard.sim.policy import JobConfig, PolicyConfig, checkpoint_interval_seconds
@@ -101,21 +102,6 @@ def spares_for_target(model: FailureModel, job: JobConfig, policy: PolicyConfig,
     return out
 
 
-def _max_value(check: Any, lo: float, hi: float, iterations: int = 12) -> float | None:
-    """Largest x in [lo, hi] with check(x) true, assuming check is monotone (true below, false above)."""
-    if not check(lo):
-        return None
-    if check(hi):
-        return hi
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        if check(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def budgets_for_target(model: FailureModel, job: JobConfig, policy: PolicyConfig, target: float, *,
                        trials: int = 200, seed: int = 0) -> dict[str, Any]:
     """Largest restart overhead (at the given stall) and stall (at the given overhead) that reach ``target``."""
@@ -131,9 +117,9 @@ def budgets_for_target(model: FailureModel, job: JobConfig, policy: PolicyConfig
 
     return {
         "target_ettr": target,
-        "max_restart_overhead_seconds": _max_value(restart_ok, floor, 4 * 3600.0),
+        "max_restart_overhead_seconds": largest_passing(restart_ok, floor, 4 * 3600.0),
         "at_checkpoint_stall_seconds": policy.checkpoint_stall_seconds,
-        "max_checkpoint_stall_seconds": _max_value(stall_ok, 0.0, 3600.0),
+        "max_checkpoint_stall_seconds": largest_passing(stall_ok, 0.0, 3600.0),
         "at_restart_overhead_seconds": policy.restart_overhead_seconds,
     }
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from trainguard.core.interval_theory import AUTO_FORMULA, daly_seconds, young_seconds
+from trainguard.core.numeric import in_range
 from trainguard.sim.errors import SimConfigError
 
 MAX_GPUS = 10_000_000
@@ -29,8 +30,7 @@ _DURATIONS = ("checkpoint_stall_seconds", "restart_overhead_seconds", "relaunch_
 
 
 def _finite_in(field: str, value: float, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and low <= value <= high):
+    if not in_range(value, low, high):
         raise SimConfigError(field, f"must be a number between {low:g} and {high:g}, not {value!r}")
 
 

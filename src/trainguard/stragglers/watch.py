@@ -14,7 +14,6 @@ import shutil
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,22 +220,16 @@ class AgentWatch:
     def probe(self, live: Mapping[int, int]) -> int:
         """Ask every live local rank for a flight-recorder dump and move it out of the evidence folder (where a
         later failure's evidence goes) into this attempt's probe folder. Returns the dumps kept."""
-        from trainguard.worker.control import request
+        from trainguard.worker.control import request_all
 
         evidence = self.layout.diagnostics_dir(self.attempt)
         target = self.probe_dir(self._probes)
-
-        def one(item: tuple[int, int]) -> list[str]:
-            try:
-                reply = request(item[1], {"cmd": "dump"}, PROBE_TIMEOUT_SECONDS)
-            except (OSError, ValueError) as exc:
-                log.debug("probe of rank %d: %s", item[0], exc)
-                return []
-            files = reply.get("files", []) if isinstance(reply, dict) else []
-            return [f for f in files if isinstance(f, str) and "/" not in f]
-
-        with ThreadPoolExecutor(max_workers=min(8, len(live))) as pool:
-            names = [n for files in pool.map(one, sorted(live.items())) for n in files]
+        names: list[str] = []
+        for rank, reply in request_all(live, {"cmd": "dump"}, PROBE_TIMEOUT_SECONDS, max_parallel=8).items():
+            if not isinstance(reply, dict):
+                log.debug("probe of rank %d: %s", rank, reply)
+                continue
+            names.extend(f for f in reply.get("files", []) if isinstance(f, str) and "/" not in f)
         kept = 0
         for name in names:
             src = evidence / name

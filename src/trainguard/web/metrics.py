@@ -128,7 +128,7 @@ class RunMetrics:
         return new
 
     def _apply(self, e: Event) -> None:
-        # One isinstance chain (not a table) so each handler sees its record's own type.
+        # isinstance chains (not a table) so each handler sees its record's own type.
         if isinstance(e, RunStarted):
             self.run_id = e.run_id
             self.attempt_start.setdefault(0, e.time)
@@ -140,13 +140,18 @@ class RunMetrics:
             self._failed(e)
         elif isinstance(e, PlannedInterruption):
             self.planned.add(e.attempt)
-        elif isinstance(e, Diagnosis):
-            self._diagnosed(e)
         elif isinstance(e, AttemptEnded):
             if e.reason in ("failure", "planned"):
                 self._settle(e.attempt)
         elif isinstance(e, RunEnded):
             self._settle_before(None)
+        else:
+            self._apply_finding(e)
+
+    def _apply_finding(self, e: Event) -> None:
+        """The records besides an attempt's course: diagnoses, checkpoint saves, suspect nodes."""
+        if isinstance(e, Diagnosis):
+            self._diagnosed(e)
         elif isinstance(e, CheckpointSaveStarted):
             self.save_started.setdefault((e.attempt, e.step), e.time)
         elif isinstance(e, CheckpointSaveFinished):

@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,20 @@ def request(pid: int, payload: dict[str, Any], timeout_seconds: float = 10.0) ->
     if not isinstance(reply, dict):
         raise ValueError("bad reply")
     return reply
+
+
+def request_all(pids: Mapping[int, int], payload: dict[str, Any], timeout_seconds: float,
+                max_parallel: int = 16) -> dict[int, dict[str, Any] | OSError | ValueError]:
+    """`request` to every rank of ``pids`` (rank -> pid) at once: each rank's reply, or the `OSError` or
+    `ValueError` its request ended in (``ConnectionRefusedError``/``FileNotFoundError``: nothing listens)."""
+    def one(pid: int) -> dict[str, Any] | OSError | ValueError:
+        try:
+            return request(pid, payload, timeout_seconds)
+        except (OSError, ValueError) as exc:
+            return exc
+
+    if not pids:
+        return {}
+    ranks = sorted(pids)
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(ranks))) as pool:
+        return dict(zip(ranks, pool.map(one, [pids[r] for r in ranks]), strict=True))
