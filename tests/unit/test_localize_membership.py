@@ -72,3 +72,15 @@ def test_a_dumped_peer_is_never_placed_in_a_hole(tmp_path: Path) -> None:
     rep = diagnose_path(tmp_path, world_size=8)
     assert rep.missing_ranks == ()
     assert rep.verdict != "crash"
+
+
+def test_a_strided_layout_is_completed_too(tmp_path: Path) -> None:
+    # Dumps carry no rank of their own (the file name gives it): renaming the recorded files r -> 2*(r % 4) + r // 4
+    # turns groups [0..3] and [4..7] into [0, 2, 4, 6] and [1, 3, 5, 7], the dead rank 5 into 3.
+    src = RECORDED / "subgroup-crash-tp4-dead5"
+    for f in src.glob("fr_trace_rank_*.pkl"):
+        r = int(f.stem.rsplit("_", 1)[1])
+        shutil.copy(f, tmp_path / f"fr_trace_rank_{2 * (r % 4) + r // 4}.pkl")
+    rep = diagnose_path(tmp_path, world_size=8)
+    assert rep.verdict == "crash" and rep.culprit_ranks == (3,), rep.explanation
+    assert rep.problems[0].group_ranks == (1, 3, 5, 7) and rep.problems[0].waiting_ranks == (1, 5, 7)
