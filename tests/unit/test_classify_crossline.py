@@ -143,3 +143,20 @@ def test_a_user_crossline_and_readings_rule_work_like_the_built_in_ones(tmp_path
     text = "\n".join(["P12_V | 12.0 | Volts", "P5_V | 5.0 | Volts", "P12_V | 19.0 | Volts", "P5_V | 5.0 | Volts"])
     c = classify_text(text, "k", rules=rules)
     assert c.category == "Power Supply" and c.evidence[0].line == 3, c.explanation
+
+
+@pytest.mark.parametrize("fmt", [
+    "2026-04-18T12:00:{t:02d}Z n1 monitor: {gpu} temperature: {v} C",
+    '2026-04-18T12:00:{t:02d}Z n1 exporter: DCGM_FI_DEV_{metric}_TEMP{{gpu="{idx}",UUID="GPU-1"}} {v}',
+])
+def test_jumps_read_free_text_and_dcgm_exporter_readings(fmt: str) -> None:
+    def line(t: int, idx: int, v: int, memory: bool = False) -> str:
+        gpu = f"GPU{idx}" + (" HBM" if memory else "")
+        return fmt.format(t=t, gpu=gpu, idx=idx, metric="MEMORY" if memory else "GPU", v=v)
+    lines = [line(1, 3, 61), line(1, 3, 58, memory=True), line(1, 2, 60),
+             line(2, 3, 127), line(2, 3, 58, memory=True), line(2, 2, 61)]
+    c = classify_text("\n".join(lines), "k")
+    assert c.category == "GPU Thermal Interface + Sensor" and c.evidence[0].line == 4, c.explanation
+    # the same readings rising together on every GPU: no sensor fault
+    together = [line(1, 3, 61), line(1, 2, 60), line(2, 3, 127), line(2, 2, 120)]
+    assert classify_text("\n".join(together), "k").category == "Unknown"

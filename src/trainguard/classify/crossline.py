@@ -38,7 +38,8 @@ class CrossLine:
     kind: str
     """``simultaneous``: at least ``min_devices`` distinct devices of one host report a hit of ``categories``
     within ``within_s``; ``jump``: a reading of the ``readings`` rule (groups ``sensor``, ``value``) rises by
-    ``min_rise`` within ``within_s`` while every other sensor rises by less than ``calm``; ``divergence``: among
+    ``min_rise`` within ``within_s`` while every other sensor rises by less than ``calm`` (an optional group
+    ``index`` is part of the sensor's name: one metric over many GPUs); ``divergence``: among
     at least ``min_replicas`` rows of the ``readings`` rule (groups ``replica``, ``value``; rows grouped by their
     step number), all replicas but one agree."""
     category: str
@@ -138,6 +139,8 @@ def _jumps(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
     rows: list[tuple[Hit, str, float]] = []
     for h in sorted(series, key=lambda h: h.order):
         sensor, value = _value(rule, h, "sensor"), _value(rule, h, "value")
+        if "index" in rule.pattern.groupindex:  # one metric, many devices: the index is part of the name
+            sensor = f"{sensor}[{_value(rule, h, 'index')}]"
         try:
             rows.append((h, sensor or "", float(value or "")))
         except ValueError:
