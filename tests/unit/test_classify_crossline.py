@@ -160,3 +160,16 @@ def test_jumps_read_free_text_and_dcgm_exporter_readings(fmt: str) -> None:
     # the same readings rising together on every GPU: no sensor fault
     together = [line(1, 3, 61), line(1, 2, 60), line(2, 3, 127), line(2, 2, 120)]
     assert classify_text("\n".join(together), "k").category == "Unknown"
+
+
+@pytest.mark.parametrize("action", [
+    "I1203 04:12:09 scale_down.go:1102] Successfully added ToBeDeletedByClusterAutoscaler on node gpu-node-7",
+    'karpenter: {"level":"INFO","message":"disrupting node(s)","reason":"drifted","node":"gpu-node-7"}',
+    'GET /latest/meta-data/spot/instance-action -> {"action": "terminate", "time": "2026-12-03T04:14:09Z"}',
+])
+def test_autoscaler_and_spot_actions_are_orchestrator_actions(action: str) -> None:
+    timeout = ("[rank4]:[E305 03:41:02.001 ProcessGroupNCCL.cpp:616] [Rank 4] Watchdog caught collective "
+               "operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+               "Timeout(ms)=600000) ran for 600061 milliseconds before timing out.")
+    c = classify_text("\n".join([action, timeout]), "k")
+    assert c.category == "Host Maintenance" and c.evidence[1].explained_by == "k:1", c.explanation
