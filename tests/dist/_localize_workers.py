@@ -4,7 +4,9 @@ Run as ``python _localize_workers.py SCENARIO WORLD OUTDIR RANK``. Rank 0 opens 
 OS-chosen port and writes it to OUTDIR/port. Each rank dumps its flight recorder from a background
 thread one second after reaching the faulty step (the main thread may be blocked in a collective),
 to OUTDIR/fr_trace_rank_<r>.pkl, then writes OUTDIR/done_<r>. The test kills the processes.
-Scenarios: skip, desync, size, die, subgroup, and with send/recv (gloo records none of them):
+Scenarios: skip, desync, size, die, subgroup, tpdie-<tp>-<dead> (8 ranks in tensor-parallel groups of
+<tp> consecutive ranks; rank <dead> dies at its sub-group collective of step 3, leaving no dump), and with
+send/recv (gloo records none of them):
 pipeline (4 stages; stage 2 receives but never sends) and tp_pipeline (2 stages of 2 tensor-parallel
 ranks; rank 0 skips one send). The send/recv scenarios use a 4 s process-group timeout and dump twice:
 during the hang (OUTDIR) and after the timeout made gloo retire the waiting work (OUTDIR/late).
@@ -105,6 +107,41 @@ def _p2p_job(scenario: str, world: int, out: Path, rank: int) -> None:
     time.sleep(3600)
 
 
+def _tp_die_job(world: int, out: Path, rank: int, tp_size: int, dead: int) -> None:
+    """Each step: an all-reduce in the tensor-parallel group, then one over every rank; ``dead`` dies at step 3."""
+    import torch
+    import torch.distributed as dist
+
+    # every rank creates every group, in the same order, as torch requires
+    groups = [dist.new_group(list(range(s, s + tp_size))) for s in range(0, world, tp_size)]
+    mine = groups[rank // tp_size]
+    final = threading.Event()
+
+    def dumper() -> None:
+        final.wait()
+        time.sleep(1.0)
+        _dump(out / f"fr_trace_rank_{rank}.pkl")
+        (out / f"ready_rank_{rank}.flag").write_text("ok")
+
+    threading.Thread(target=dumper, daemon=True).start()
+    t = torch.ones(4)
+    try:
+        for step in range(1, 5):
+            if step == 2:
+                (out / "healthy").mkdir(exist_ok=True)
+                _dump(out / "healthy" / f"fr_trace_rank_{rank}.pkl")
+            if step == 3:
+                final.set()
+                if rank == dead:
+                    os._exit(17)  # a device fault in the sub-group collective: the process is gone, no dump
+            dist.all_reduce(t, group=mine)
+            dist.all_reduce(t)
+    except Exception as exc:  # the peers see gloo errors once the connection closes: dump anyway
+        print(f"rank {rank}: {exc.__class__.__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
+    final.set()
+    time.sleep(3600)
+
+
 def main() -> None:
     scenario, world, out, rank = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     if scenario in ("pipeline", "tp_pipeline"):
@@ -117,6 +154,10 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=20))
     mine = None
+    if scenario.startswith("tpdie-"):
+        _, tp_size, dead = scenario.split("-")
+        _tp_die_job(world, out, rank, int(tp_size), int(dead))
+        return
     if world >= 4:
         g01 = dist.new_group([0, 1])
         g23 = dist.new_group([2, 3])

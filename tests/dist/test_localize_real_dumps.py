@@ -154,3 +154,33 @@ def test_skipped_send_between_tensor_parallel_stages(tmp_path: Path, capsys: pyt
 
     assert main(["diagnose", str(out), "--json"]) == 1
     assert '"verdict": "p2p-hang"' in capsys.readouterr().out
+
+
+# --- a rank dies inside a tensor-parallel sub-group collective and leaves no dump ----------------------
+
+
+# Two live runs here; tests/unit/test_localize_membership.py runs every layout and position on dumps
+# recorded from this same job (tests/dist/record_subgroup_dumps.py).
+@pytest.mark.parametrize(("tp", "dead"), [(4, 5), (2, 2)])
+def test_rank_lost_in_a_subgroup_collective_is_the_crash_culprit(tmp_path: Path, tp: int, dead: int) -> None:
+    # 8 ranks in tensor-parallel groups of tp consecutive ranks (tp=4: 2 groups of 4; tp=2: 4 groups of
+    # 2), each step an all-reduce in the group then one over every rank. The dead rank's peers block in
+    # the group's collective, the other groups wait in the next world one. gloo names no members, so the
+    # dead rank is in no group's entries: it must be placed from its siblings' layout.
+    out = run_job(tmp_path, f"tpdie-{tp}-{dead}", 8, dead=(dead,), timeout=240)
+    healthy = diagnose_path(out / "healthy", world_size=8)
+    assert healthy.verdict == "healthy", healthy.explanation
+    hosts = {r: f"node-{r // 4}" for r in range(8)}
+    rep = diagnose_path(out, hosts, world_size=8)
+    assert rep.verdict == "crash", rep.explanation
+    assert rep.culprit_ranks == (dead,)
+    assert rep.culprit_hosts == (f"node-{dead // 4}",)
+    group = set(range(dead - dead % tp, dead - dead % tp + tp))
+    top = rep.problems[0]
+    assert set(top.group_ranks) == group and top.process_group != "0"
+    assert top.waiting_ranks == tuple(sorted(group - {dead}))  # the peers wait, they are not culprits
+    world = next(p for p in rep.problems if p.process_group == "0")
+    assert world.culprit_ranks == (dead,)
+    assert set(world.waiting_ranks) == set(range(8)) - group
+    assert world.blocked_by == (0,)
+    assert all(set(p.culprit_ranks) == {dead} for p in rep.problems)

@@ -74,7 +74,9 @@ def test_corpus_size_and_coverage() -> None:
     assert len(CASES) >= 100
     assert {c["category"] for c in CASES} >= set(TABLE5_CATEGORIES)
     files = {c["file"] for c in CASES}
-    assert files == {p.name for p in CORPUS.iterdir() if p.name != "manifest.toml"}
+    on_disk = {p.name for p in CORPUS.iterdir() if p.name not in ("manifest.toml", "causes")}
+    on_disk |= {f"causes/{p.name}" for p in (CORPUS / "causes").iterdir()}
+    assert files == on_disk
     app_xids: set[int] = set()
     for case in CASES:
         [c] = classify_paths([CORPUS / case["file"]])
@@ -92,3 +94,21 @@ def test_corpus_size_and_coverage() -> None:
         n = sum(1 for f in files if f.startswith(prefixes))
         assert n >= 6, f"{family}: only {n} excerpts"
     assert sum(1 for c in CASES if "consequences" in c) >= 8
+
+
+def test_causes_corpus_covers_each_class_of_issue_26() -> None:
+    """The excerpts of causes behind consequences: at least 40, half of them with the cause behind louder
+    consequences or a red herring, and at least two of each class."""
+    causes = [c for c in CASES if c["file"].startswith("causes/")]
+    assert len(causes) >= 40
+    assert sum(1 for c in causes if c["behind"]) * 2 >= len(causes)
+    classes = {
+        "host-wide loss": ("power_", "chassis_", "all_gpus_"),
+        "firmware before driver": ("gsp_",),
+        "implausible sensor jump": ("sensor_jump_",),
+        "orchestrator before signals": ("kured_drain", "kubectl_", "gce_", "aws_", "azure_", "node_not_"),
+        "replica divergence": ("sdc_",),
+    }
+    for name, prefixes in classes.items():
+        cases = [c for c in causes if c["file"].removeprefix("causes/").startswith(prefixes)]
+        assert len({c["category"] for c in cases} - {"Unknown"}) >= 1 and len(cases) >= 2, name

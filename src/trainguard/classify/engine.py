@@ -7,8 +7,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainguard.classify.context import is_below
+from trainguard.classify.crossline import derive
 from trainguard.classify.linkverdict import LinkReport
-from trainguard.classify.rules import Rule, RuleSet
+from trainguard.classify.rules import Explains, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
 from trainguard.classify.tiers import TIERS
 from trainguard.core.taxonomy import UNKNOWN, group_of
@@ -120,10 +121,9 @@ def _before(cause: Hit, effect: Hit, window: float) -> bool:
     return effect.order > cause.order
 
 
-def _related(rule: Rule, cause: Hit, effect: Hit, acc: Accumulator, endpoints: set[str]) -> bool:
+def _related(ex: Explains, cause: Hit, effect: Hit, acc: Accumulator, endpoints: set[str]) -> bool:
     """Whether ``effect`` lies downstream of ``cause`` in the rule's scope."""
-    assert rule.explains is not None
-    scope = rule.explains.scope
+    scope = ex.scope
     if scope == "source":
         return True
     if scope == "host":
@@ -141,27 +141,30 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
     Returns the hits, those explained marked with ``explained_by``, and for each of them (by ``order``) the
     category it counts for: that of its root cause. Causes are taken in order, so the earliest upstream failure
     claims its consequences; a cause that is itself explained hands what it explains on to its own cause."""
-    by_id = {r.id: r for r in rules.rules}
-    causes = sorted((h for h in hits if h.rule in by_id and by_id[h.rule].explains is not None),
-                    key=lambda h: h.order)
+    by_id = explainers(rules)
+    # a synthetic cause (a crossline analysis, negative order) takes only what no line of the log explains
+    causes = sorted((h for h in hits if h.rule in by_id), key=lambda h: (h.order < 0, h.order))
     if not causes:
         return hits, {}
     endpoints = {h.device for h in hits if h.rule.startswith("xid-") and h.device}
     current = {h.order: h for h in hits}
+    claimed: set[int] = set()
     for cause in causes:
-        rule = by_id[cause.rule]
-        ex = rule.explains
-        assert ex is not None
+        ex = by_id[cause.rule]
+        window = rules.explain_window_s if ex.within_s is None else ex.within_s
         effects = [h for h in current.values()
                    if h.order != cause.order and h.explained_by is None and h.category in ex.categories
                    and h.category != cause.category and (not ex.rules or h.rule in ex.rules)
-                   and _before(cause, h, rules.explain_window_s) and _related(rule, cause, h, acc, endpoints)]
+                   and _before(cause, h, window) and _related(ex, cause, h, acc, endpoints)]
         components = {h.device or h.gpu or f"{h.file}:{h.line}" for h in effects}
         if not effects or len(components) < ex.min_devices:
             continue
         log.debug("%s:%d explains %d later line(s)", cause.file, cause.line, len(effects))
+        claimed.add(cause.order)
         for h in effects:
             current[h.order] = replace(h, explained_by=cause.order)
+    for order in [o for o in current if o < 0 and o not in claimed]:
+        del current[order]  # its lines are explained by the log's own cause: it adds nothing
     attributed: dict[int, str] = {}
     for order, h in current.items():
         root, seen = h, {order}
@@ -173,9 +176,17 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
     return list(current.values()), attributed
 
 
+def explainers(rules: RuleSet) -> dict[str, Explains]:
+    """Rule id -> what its lines explain: rules, XID meanings (``xid-<code>``) and crossline analyses."""
+    out = {r.id: r.explains for r in rules.rules if r.explains is not None}
+    out.update({f"xid-{code}": x.explains for x in rules.xids if x.explains is not None for code in x.codes})
+    out.update({c.id: c.explains for c in rules.crosslines if c.explains is not None})
+    return out
+
+
 def _candidates(acc: Accumulator, rules: RuleSet, verdict: str | None) -> list[_Candidate]:
     yields = {r.id: r.yields_to for r in rules.rules if r.yields_to}
-    hits, attributed = _explain([h for hs in acc.hits.values() for h in hs], acc, rules)
+    hits, attributed = _explain(derive([h for hs in acc.hits.values() for h in hs], rules), acc, rules)
     own = {h.category for h in hits if h.rule not in yields and h.order not in attributed}
     by_cat: dict[str, list[Hit]] = {}
     for h in hits:
@@ -215,8 +226,8 @@ def _explained_note(win: _Candidate, rules: RuleSet) -> str:
     lines = {(h.file, h.line) for h in effects}
     devices = sorted({h.device for h in effects if h.device})
     cats = sorted({h.category for h in effects if h.category != UNKNOWN}) or [UNKNOWN]
-    rule = next((r for r in rules.rules if r.id == key.rule), None)
-    below = rule is not None and rule.explains is not None and rule.explains.scope in ("below", "device")
+    ex = explainers(rules).get(key.rule)
+    below = ex is not None and ex.scope in ("below", "device")
     where = ""
     if devices:
         shown = ", ".join(devices[:6]) + (" ..." if len(devices) > 6 else "")

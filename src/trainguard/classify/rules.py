@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import re2
 
+from trainguard.classify.crossline import CrossLine, parse_crossline
 from trainguard.classify.tiers import TIERS, default_tier
 from trainguard.core.taxonomy import TABLE5_GROUPS
 from trainguard.errors import InputError
@@ -91,6 +92,8 @@ class Explains:
     rules: tuple[str, ...] = ()
     """If given, only lines of these rules are explained (an NFS outage explains Python's EIO, not an NVMe
     controller's own I/O errors)."""
+    within_s: float | None = None
+    """A window of its own instead of ``explain_window_s`` (a driver retries a silent GSP for minutes)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ class Rule:
     supersedes: tuple[str, ...] = ()
     """Ids of rules that do not count a line this rule matches (a 503 from an object store printed as a Python
     exception is a failed dependency, not also a software bug)."""
+    keep: int = 5
+    """Matching lines kept as hits (more are only counted); a `crossline` analysis that reads a series (sensor
+    readings, per-replica checksums) needs more."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,8 @@ class XidRule:
     explain: str = ""
     qualifiers: tuple[tuple[TextPattern, str, str], ...] = ()
     """(pattern, category, explain): the first qualifier matching the line's text overrides."""
+    explains: Explains | None = None
+    """Later errors these XIDs are the cause of (a GSP timeout before the driver's lost-GPU lines)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,8 @@ class RuleSet:
     bridge_keywords: tuple[str, ...] = ()
     explain_window_s: float = 600.0
     """A consequence must follow its cause within this many seconds when both lines carry comparable times."""
+    crosslines: tuple[CrossLine, ...] = ()
+    """Analyses of several lines together (simultaneity, sensor jumps, replica divergence)."""
 
     def xid_rule(self, code: int) -> XidRule | None:
         for r in self.xids:
@@ -262,10 +272,14 @@ def _explains(where: str, value: Any) -> Explains | None:
     only = value.get("rules", [])
     if not isinstance(only, list) or not all(isinstance(x, str) and x for x in only):
         raise _fail(where, "explains.rules must be a list of rule ids")
-    unknown_keys = set(value) - {"categories", "scope", "min_devices", "rules"}
+    unknown_keys = set(value) - {"categories", "scope", "min_devices", "rules", "within_s"}
     if unknown_keys:
         raise _fail(where, f"explains has unknown key(s) {', '.join(sorted(unknown_keys))}")
-    return Explains(tuple(_category(where, c) for c in cats), str(scope), n, tuple(only))
+    within = value.get("within_s")
+    if within is not None and (not isinstance(within, (int, float)) or isinstance(within, bool) or within < 0):
+        raise _fail(where, f"explains.within_s must be a number >= 0, got {within!r}")
+    return Explains(tuple(_category(where, c) for c in cats), str(scope), n, tuple(only),
+                    float(within) if within is not None else None)
 
 
 def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
@@ -302,7 +316,14 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         builtin=not user,
         explains=_explains(where, d.get("explains")),
         supersedes=tuple(supersedes),
+        keep=_keep(where, d.get("keep", 5)),
     )
+
+
+def _keep(where: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+        raise _fail(where, f"keep must be an integer in 1..4096, got {value!r}")
+    return value
 
 
 def _parse_xid(where: str, d: dict[str, Any], user: bool) -> XidRule:
@@ -324,6 +345,7 @@ def _parse_xid(where: str, d: dict[str, Any], user: bool) -> XidRule:
         tier=_tier(where, d.get("tier"), category),
         explain=str(d.get("explain", "")),
         qualifiers=tuple(quals),
+        explains=_explains(where, d.get("explains")),
     )
 
 
@@ -365,6 +387,7 @@ class _RuleSetBuilder:
         self.verdicts: dict[str, VerdictRule] = {}
         self.context: dict[str, list[TextPattern]] = {scope: [] for scope in _CONTEXT_GROUPS}
         self.keywords: dict[str, list[str]] = {scope: [] for scope in _CONTEXT_GROUPS}
+        self.crosslines: dict[str, CrossLine] = {}
 
     def add_file(self, path: Path) -> None:
         data = _read_toml(path)
@@ -385,6 +408,9 @@ class _RuleSetBuilder:
                 _tier(where, d.get("tier"), category), str(d.get("explain", "")))
         for d in _tables(where, data, "context"):
             self._add_context(where, d, user)
+        for d in _tables(where, data, "crossline"):
+            c = parse_crossline(where, d, _explains, self.rules)
+            self.crosslines[c.id] = c
         self._apply_settings(where, data, user)
 
     def _add_rules(self, where: str, data: dict[str, Any], user: bool) -> None:
@@ -453,6 +479,7 @@ class _RuleSetBuilder:
             bridges=tuple(self.context["bridge"]),
             bridge_keywords=tuple(self.keywords["bridge"]),
             explain_window_s=self.window,
+            crosslines=tuple(self.crosslines.values()),
         )
 
 

@@ -29,6 +29,8 @@ CHUNK_BYTES = 1 << 20
 MAX_LINE_BYTES = 64 * 1024
 """Longer lines are cut to this length (the rest of the line is skipped, memory stays bounded)."""
 HITS_PER_RULE = 5
+XID_HITS_PER_CODE = 16
+"""XID lines kept per code: enough to see every GPU of an 8- or 16-GPU host fall off the bus at once."""
 CONTEXT_HOSTS = 10
 MAX_BRIDGES = 4096
 """PCI bridge ranges kept per source (a host has a few hundred; the bound keeps memory fixed)."""
@@ -125,10 +127,10 @@ class Accumulator:
     """The link pass: NCCL transport errors, NVLink XIDs and SXids folded into failing pairs."""
     _order: int = 0
 
-    def add(self, hit: Hit) -> None:
+    def add(self, hit: Hit, cap: int = HITS_PER_RULE) -> None:
         self.counts[hit.rule] = self.counts.get(hit.rule, 0) + 1
         kept = self.hits.setdefault(hit.rule, [])
-        if len(kept) < HITS_PER_RULE:
+        if len(kept) < cap:
             kept.append(hit)
 
     def next_order(self) -> int:
@@ -264,7 +266,7 @@ class Scanner:
             rid = x.rule if r is None else r.id
             if rid in superseded:
                 continue
-            if len(acc.hits.get(rid, ())) >= HITS_PER_RULE:
+            if len(acc.hits.get(rid, ())) >= (XID_HITS_PER_CODE if r is None else r.keep):
                 acc.counts[rid] = acc.counts.get(rid, 0) + 1  # counted; no need to build a hit nobody keeps
             else:
                 keep.append((r, x))
@@ -296,13 +298,13 @@ class Scanner:
             if r is None:
                 h: Hit = x
                 acc.add(replace(h, order=acc.next_order(), host=h.host or host, device=h.device or line_device,
-                                time=when))
+                                time=when), XID_HITS_PER_CODE)
                 continue
             groups = x.groupdict()
             gpu = normalize_pci(groups.get("gpu")) or section
             device = normalize_pci(groups.get("device")) or gpu or line_device
             acc.add(Hit(r.id, r.category, r.confidence, r.tier, r.explain, file, lineno, shown, acc.next_order(),
-                        gpu=gpu, host=groups.get("host") or host, device=device, time=when))
+                        gpu=gpu, host=groups.get("host") or host, device=device, time=when), r.keep)
 
     def _xid_hit(self, m: TextMatch, text: str, shown: str, file: str, lineno: int, acc: Accumulator) -> Hit:
         code = int(m.group("code"))

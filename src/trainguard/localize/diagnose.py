@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainguard.errors import InputError, TrainguardError
 from trainguard.localize.match import Matcher
+from trainguard.localize.membership import common_cause, infer_members
 from trainguard.localize.model import FileWarning, LocalizationReport, Problem
 from trainguard.localize.observed import read_observed
 from trainguard.localize.reader import (
@@ -180,7 +181,9 @@ def _analyze(
                   empty=frozenset(matcher.empty_ranks), hosts=hosts, evidence_files=_evidence_files(directory),
                   stopped=seen.stopped if seen else frozenset(), unanswered=seen.unanswered if seen else frozenset())
     notes: list[Gap] = []
-    problems = order_problems(group_problems(matcher, ctx, notes))
+    inferred = infer_members(matcher, ctx.world)
+    problems = order_problems(common_cause(group_problems(matcher, ctx, notes, inferred), matcher, ctx.dumped,
+                                           hosts))
     records, decisive = missing_records(ctx, notes)
     if not problems and unreadable:
         problems = [_incomplete(sorted(unreadable), warnings, hosts, records)]

@@ -525,9 +525,11 @@ def _p2p(g: GroupAcc, members: list[int], ctx: Context, busy: set[int]) -> Probl
     )
 
 
-def group_problems(m: Matcher, ctx: Context, notes: list[Gap] | None = None) -> list[Problem]:
+def group_problems(m: Matcher, ctx: Context, notes: list[Gap] | None = None,
+                   inferred: dict[str, list[int]] | None = None) -> list[Problem]:
     """Every problem of every group, before cross-group reasoning. ``notes`` receives one line per kind of
-    record the dumps lack (see `missing_records`)."""
+    record the dumps lack (see `missing_records`); ``inferred``: group name -> members where the dumps do
+    not name them (`trainguard.localize.membership.infer_members`)."""
     gloo = "gloo" in m.backends
     notes = [] if notes is None else notes
     # ranks with an unfinished op in some group, and (gloo) ranks that do send/recv gloo never recorded
@@ -541,7 +543,7 @@ def group_problems(m: Matcher, ctx: Context, notes: list[Gap] | None = None) -> 
                 p2p_ranks.add(r)
     out: list[Problem] = []
     for g in m.groups.values():
-        members = g.members(ctx.world)
+        members = (inferred or {}).get(g.name) or g.members(ctx.world)
         missing = sorted(r for r in members if r not in m.ranks and r not in ctx.unreadable)
         div = _divergence(g, members, missing, ctx, gloo)
         if div is not None:

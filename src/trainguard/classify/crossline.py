@@ -1,0 +1,217 @@
+"""Evidence no single line carries: many GPUs of a host lost in the same second, a sensor that jumps
+implausibly, one replica whose checksum differs from all the others. Configured as ``[[crossline]]`` data.
+
+Each analysis reads hits the scanner already kept (XID and rule lines, or the lines of a *readings* rule,
+whose hits are inputs here and never evidence themselves) and adds one synthetic hit: a cause that may
+``explain`` later lines like any rule's (docs/classify.md, "Evidence across lines").
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from trainguard.classify.tiers import default_tier
+from trainguard.core.taxonomy import TABLE5_GROUPS, UNKNOWN
+from trainguard.errors import InputError
+
+if TYPE_CHECKING:
+    from trainguard.classify.rules import Explains, Rule, RuleSet
+    from trainguard.classify.scan import Hit
+
+log = logging.getLogger(__name__)
+
+KINDS = ("simultaneous", "jump", "divergence")
+_KEY = re.compile(r"\b(?:step|iter(?:ation)?|batch)\s*[=:#]?\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CrossLine:
+    """One analysis over several lines (see `KINDS`)."""
+
+    id: str
+    """Rule id of the synthetic hit it adds."""
+    kind: str
+    """``simultaneous``: at least ``min_devices`` distinct devices of one host report a hit of ``categories``
+    within ``within_s``; ``jump``: a reading of the ``readings`` rule (groups ``sensor``, ``value``) rises by
+    ``min_rise`` within ``within_s`` while every other sensor rises by less than ``calm`` (an optional group
+    ``index`` is part of the sensor's name: one metric over many GPUs); ``divergence``: among
+    at least ``min_replicas`` rows of the ``readings`` rule (groups ``replica``, ``value``; rows grouped by their
+    step number), all replicas but one agree."""
+    category: str
+    confidence: float
+    explain: str
+    categories: tuple[str, ...] = ()
+    """``simultaneous``: the categories of the lines counted."""
+    prefer: tuple[str, ...] = ()
+    """``simultaneous``: a category that has its own evidence on the same host is taken instead of ``category``
+    (the chassis whose fans failed, rather than the power)."""
+    readings: str = ""
+    """``jump``/``divergence``: id of the rule whose lines are the series."""
+    min_devices: int = 4
+    within_s: float = 2.0
+    min_rise: float = 40.0
+    calm: float = 10.0
+    min_replicas: int = 3
+    explains: Explains | None = None
+    """What the synthetic hit explains, as for a rule."""
+
+
+def _num(where: str, d: Mapping[str, Any], key: str, default: float, lo: float) -> float:
+    v = d.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
+        raise InputError(f"{where}: {key} must be a number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, Any], Explains | None],
+                    rules: Mapping[str, Rule]) -> CrossLine:
+    """One ``[[crossline]]`` table (``rules``: the rules loaded so far, for ``readings``)."""
+    cid = d.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: every [[crossline]] needs an id")
+    where = f"{where}: crossline {cid!r}"
+    kind = d.get("kind")
+    if kind not in KINDS:
+        raise InputError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    cats = [d.get("category"), *d.get("categories", []), *d.get("prefer", [])]
+    bad = [c for c in cats if c != UNKNOWN and c not in TABLE5_GROUPS]
+    if bad:
+        raise InputError(f"{where}: unknown category {bad[0]!r}")
+    readings = str(d.get("readings", ""))
+    if kind != "simultaneous":
+        rule = rules.get(readings)
+        need = ("sensor", "value") if kind == "jump" else ("replica", "value")
+        if rule is None or any(g not in rule.pattern.groupindex for g in need):
+            raise InputError(f"{where}: readings must name a rule with groups {', '.join(need)}")
+    return CrossLine(
+        id=cid, kind=str(kind), category=str(d.get("category")),
+        confidence=_num(where, d, "confidence", 0.7, 0.0), explain=str(d.get("explain", "")),
+        categories=tuple(d.get("categories", [])), prefer=tuple(d.get("prefer", [])), readings=readings,
+        min_devices=int(_num(where, d, "min_devices", 4, 2)), within_s=_num(where, d, "within_s", 2.0, 0.0),
+        min_rise=_num(where, d, "min_rise", 40.0, 0.0), calm=_num(where, d, "calm", 10.0, 0.0),
+        min_replicas=int(_num(where, d, "min_replicas", 3, 3)), explains=explains(where, d.get("explains")),
+    )
+
+
+def _synthetic(c: CrossLine, key: Hit, order: int, text: str, category: str = "", **kw: Any) -> Hit:
+    category = category or c.category
+    return replace(key, rule=c.id, category=category, confidence=c.confidence, tier=default_tier(category),
+                   explain=f"{c.explain} ({text})" if text else c.explain, order=order, explained_by=None, **kw)
+
+
+def _simultaneous(c: CrossLine, hits: list[Hit], by_cat: Mapping[str, list[Hit]], next_order: int,
+                  strong: float) -> list[Hit]:
+    lost = [h for h in hits if h.category in c.categories and (h.device or h.gpu) and h.time is not None]
+    out: list[Hit] = []
+    for host in sorted({h.host or "" for h in lost}):
+        mine = sorted((h for h in lost if (h.host or "") == host), key=lambda h: h.time or ("", 0.0))
+        for i, first in enumerate(mine):
+            assert first.time is not None
+            burst = [h for h in mine[i:] if h.time and h.time[0] == first.time[0]
+                     and h.time[1] - first.time[1] <= c.within_s]
+            devices = sorted({h.device or h.gpu or "" for h in burst})
+            if len(devices) < c.min_devices:
+                continue
+            # only strong evidence of its own names another host-level component (a corrected PCIe error does not)
+            category = next((p for p in c.prefer for h in by_cat.get(p, ())
+                             if h.confidence >= strong and (not host or h.host is None or h.host == host)),
+                            c.category)
+            text = f"{len(devices)} devices within {c.within_s:g} s: {', '.join(devices[:8])}"
+            # just before the first of them, so it explains all of them
+            cause = _synthetic(c, first, next_order - len(out), text, category=category, gpu=None, device=None,
+                               time=(first.time[0], first.time[1] - 1e-3))
+            out.append(cause)
+            break
+    return out
+
+
+def _value(rule: Rule, h: Hit, group: str) -> str | None:
+    m = rule.pattern.search(h.text)
+    return m.group(group) if m is not None else None
+
+
+def _jumps(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
+    rows: list[tuple[Hit, str, float]] = []
+    for h in sorted(series, key=lambda h: h.order):
+        sensor, value = _value(rule, h, "sensor"), _value(rule, h, "value")
+        if "index" in rule.pattern.groupindex:  # one metric, many devices: the index is part of the name
+            sensor = f"{sensor}[{_value(rule, h, 'index')}]"
+        try:
+            rows.append((h, sensor or "", float(value or "")))
+        except ValueError:
+            continue
+    last: dict[str, tuple[Hit, float]] = {}
+    for i, (h, sensor, v) in enumerate(rows):
+        prev = last.get(sensor)
+        last[sensor] = (h, v)
+        if prev is None or v - prev[1] < c.min_rise:
+            continue
+        dt = (h.time[1] - prev[0].time[1]) if h.time and prev[0].time and h.time[0] == prev[0].time[0] else None
+        if dt is not None and dt > c.within_s:
+            continue  # a slow climb is heat, not a broken sensor
+        # the others over the same span (and the readings just after it) must stay calm
+        others = [(x, s, y) for x, s, y in rows[:i + 8] if s != sensor and x.order > prev[0].order]
+        calm = True
+        for x, s, y in others:
+            before = next((yy for xx, ss, yy in reversed(rows[:rows.index((x, s, y))]) if ss == s), None)
+            if before is not None and y - before >= c.calm:
+                calm = False
+        if calm:
+            text = f"{sensor} {prev[1]:g} -> {v:g}" + (f" in {dt:g} s" if dt is not None else "") + \
+                f"; {len({s for _, s, _ in others})} other sensor(s) steady"
+            return [_synthetic(c, h, h.order, text)]
+    return []
+
+
+def _divergence(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
+    tables: dict[str, dict[str, tuple[Hit, str]]] = {}
+    for h in sorted(series, key=lambda h: h.order):
+        replica, value = _value(rule, h, "replica"), _value(rule, h, "value")
+        if replica is None or value is None:
+            continue
+        k = _KEY.search(h.text)
+        tables.setdefault(k.group(1) if k else "", {})[replica] = (h, value.lower())
+    out: list[Hit] = []
+    for step, rows in tables.items():
+        if len(rows) < c.min_replicas:
+            continue
+        counts = Counter(v for _, v in rows.values())
+        major, n = counts.most_common(1)[0]
+        if n != len(rows) - 1:
+            continue  # all agree, or no single odd one out (nondeterminism is not one bad device)
+        replica, (h, v) = next((r, hv) for r, hv in rows.items() if hv[1] != major)
+        text = (f"replica {replica} reads {v} where the other {n} read {major}"
+                + (f" at step {step}" if step else ""))
+        out.append(_synthetic(c, h, h.order, text))
+        break
+    return out
+
+
+def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
+    """``hits`` without the lines of readings rules, plus the hits every crossline analysis adds."""
+    if not rules.crosslines:
+        return hits
+    by_id = {r.id: r for r in rules.rules}
+    series_ids = {c.readings for c in rules.crosslines if c.readings}
+    series: dict[str, list[Hit]] = {}
+    kept: list[Hit] = []
+    for h in hits:
+        (series.setdefault(h.rule, []) if h.rule in series_ids else kept).append(h)
+    by_cat: dict[str, list[Hit]] = {}
+    for h in kept:
+        by_cat.setdefault(h.category, []).append(h)
+    added: list[Hit] = []
+    for c in rules.crosslines:
+        if c.kind == "simultaneous":
+            added += _simultaneous(c, kept, by_cat, -1 - len(added), rules.strong_confidence)
+        elif c.readings in series:
+            fn = _jumps if c.kind == "jump" else _divergence
+            added += fn(c, by_id[c.readings], series[c.readings])
+    for h in added:
+        log.debug("%s: %s at %s:%d", h.rule, h.category, h.file, h.line)
+    return kept + added
