@@ -105,13 +105,7 @@ class LinkCollector:
 
     def feed(self, text: str, file: str, lineno: int) -> None:
         """Fold one candidate line (no newline) into the pairs; lines that say nothing about a link are ignored."""
-        m = _NCCL_PREFIX.search(text)
-        host = m.group("host") if m else None
-        if host is None:
-            sm = _SYSLOG_HOST.match(text)
-            host = sm.group("host") if sm else None
-        if host is not None and m is not None:
-            self.file_hosts.setdefault(file, host)
+        host = self._line_host(text, file)
         if "Xid" in text:
             self._xid(text, file, lineno, host)
             return
@@ -120,6 +114,19 @@ class LinkCollector:
             if host is not None:
                 self.addresses.setdefault(am.group("ip").lower(), host)
             return
+        self._net(text, file, lineno, host)
+
+    def _line_host(self, text: str, file: str) -> str | None:
+        """The line's host: its NCCL prefix's (remembered as the file's host), else its syslog host."""
+        m = _NCCL_PREFIX.search(text)
+        if m is not None:
+            self.file_hosts.setdefault(file, m.group("host"))
+            return m.group("host")
+        sm = _SYSLOG_HOST.match(text)
+        return sm.group("host") if sm else None
+
+    def _net(self, text: str, file: str, lineno: int, host: str | None) -> None:
+        """A network transport line: IB completion, port event, QP set-up, gloo or socket error."""
         retry = "retrying" in text  # NCCL retries a connect; "retry counter exceeded" is a failure
         cm = _COMPLETION.search(text)
         if cm is not None:

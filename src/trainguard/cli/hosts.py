@@ -11,6 +11,7 @@ from trainguard.errors import InputError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from trainguard.health.drain_history import HostDrains
+    from trainguard.health.lemon import HostScore, LemonPolicy
 
 HELP = "rank hosts by how often they broke jobs (lemon-node score) from the fleet database"
 
@@ -31,26 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.cli.output import print_json, print_text
+    from trainguard.cli.output import print_json
     from trainguard.health.drain_history import summarize as summarize_drains
     from trainguard.health.fleetdb import FleetDB, default_db_path
-    from trainguard.health.lemon import LemonPolicy, rank_hosts
+    from trainguard.health.lemon import rank_hosts
 
     path = args.db or default_db_path()
     if not path.exists():
         raise InputError(f"{path}: no fleet database (index runs first: trainguard index RUN_DIR)")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not a fleet database")
-    base = LemonPolicy()
-    threshold = base.threshold if args.threshold is None else args.threshold
-    half_life = base.half_life_days if args.half_life_days is None else args.half_life_days
-    if not 0 < threshold < 1e9:
-        raise UsageError("--threshold must be a positive number")
-    if not 0 <= half_life < 1e6:
-        raise UsageError("--half-life-days must be >= 0")
-    policy = LemonPolicy(threshold=threshold, half_life_days=half_life)
-    if not 0 < args.redrain_window_days < 1e6:
-        raise UsageError("--redrain-window-days must be a positive number")
+    policy = _policy(args)
     if args.links:
         return _links(path, args.json)
     try:
@@ -70,18 +62,40 @@ def run(args: argparse.Namespace) -> int:
     if not scores:
         print("no hosts with a history in the fleet database" if not args.flagged else "no flagged hosts")
         return 0
+    _print_scores(scores, policy)
+    shown = [drains[s.host] for s in scores if s.host in drains]
+    if shown:
+        _print_drains(shown, args.redrain_window_days)
+    return 0
+
+
+def _policy(args: argparse.Namespace) -> LemonPolicy:
+    """The lemon policy the flags ask for; `UsageError` for a bad number (also of ``--redrain-window-days``)."""
+    from trainguard.health.lemon import LemonPolicy
+
+    base = LemonPolicy()
+    threshold = base.threshold if args.threshold is None else args.threshold
+    half_life = base.half_life_days if args.half_life_days is None else args.half_life_days
+    if not 0 < threshold < 1e9:
+        raise UsageError("--threshold must be a positive number")
+    if not 0 <= half_life < 1e6:
+        raise UsageError("--half-life-days must be >= 0")
+    if not 0 < args.redrain_window_days < 1e6:
+        raise UsageError("--redrain-window-days must be a positive number")
+    return LemonPolicy(threshold=threshold, half_life_days=half_life)
+
+
+def _print_scores(scores: list[HostScore], policy: LemonPolicy) -> None:
+    from trainguard.cli.output import print_text
+
     width = max(len(s.host) for s in scores)
     print(f"{'host':<{width}}  {'score':>6}  flag  incidents  last seen         reasons")
     for s in scores:
         seen = dt.datetime.fromtimestamp(s.last_seen, dt.UTC).strftime("%Y-%m-%d %H:%M")
         flag = "LEMON" if s.flagged else ""
         print_text(f"{s.host:<{width}}  {s.score:6.2f}  {flag:5} {s.incidents:9d}  {seen}  {'; '.join(s.reasons)}")
-    print(f"(flagged: score >= {threshold:g} and >= {policy.min_incidents} separate incidents; "
-          f"half-life {half_life:g} days)")
-    shown = [drains[s.host] for s in scores if s.host in drains]
-    if shown:
-        _print_drains(shown, args.redrain_window_days)
-    return 0
+    print(f"(flagged: score >= {policy.threshold:g} and >= {policy.min_incidents} separate incidents; "
+          f"half-life {policy.half_life_days:g} days)")
 
 
 def _print_drains(shown: list[HostDrains], window_days: float) -> None:

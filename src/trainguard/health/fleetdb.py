@@ -281,36 +281,35 @@ def _link_records(lines: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
 
 def _host_records(run_uid: str, loaded: list[LoadedEvent]) -> Iterator[tuple[str, str, float, str, str, str, int]]:
     """Per-host history rows derived from a run's (type-checked) events."""
-    attempt_hosts: dict[int, tuple[str, ...]] = {}
+    attempt_hosts = {e.record.attempt: tuple(e.record.hosts) for e in loaded if isinstance(e.record, AttemptStarted)}
     for item in loaded:
-        e = item.record
-        if isinstance(e, AttemptStarted):
-            attempt_hosts[e.attempt] = tuple(e.hosts)
-    for item in loaded:
-        e, w, n = item.record, _text(item.writer), item.line
-        t = float(e.time)
-        if isinstance(e, Diagnosis):
-            for h in e.culprit_hosts:
-                yield (_text(h), run_uid, t, "culprit", _text(e.category), w, n)
-                for code in _xid_codes(e.evidence):
-                    yield (_text(h), run_uid, t, "xid", str(code), w, n)
-            for h, kind, detail in _link_records(e.evidence):
-                yield (_text(h), run_uid, t, kind, _text(detail), w, n)
-        elif isinstance(e, FailureDetected):
-            for h in e.hosts:
-                yield (_text(h), run_uid, t, "failure", _text(e.kind), w, n)
-        elif isinstance(e, NodeExcluded):
-            yield (_text(e.node), run_uid, t, "excluded", _text(e.reason), w, n)
-        elif isinstance(e, HealthCheckResult) and not e.ok and not e.skipped:
-            yield (_text(e.host), run_uid, t, "check_failed", _text(f"{e.name} ({e.severity})"), w, n)
-        elif isinstance(e, NodeDrained) and e.status in _DRAIN_STATUS_KINDS:
-            detail = e.reason if e.status == "drained" else f"{e.reason} [{e.detail}]"
-            yield (_text(e.node), run_uid, t, _DRAIN_STATUS_KINDS[e.status], _text(detail), w, n)
-        elif isinstance(e, NodeReturned):
-            yield (_text(e.node), run_uid, t, "returned", _text(e.drained_reason), w, n)
-        elif isinstance(e, AttemptEnded) and e.reason == "failure":
-            for h in attempt_hosts.get(e.attempt, ()):
-                yield (_text(h), run_uid, t, "failed_attempt_member", f"attempt {e.attempt}", w, n)
+        w, n, t = _text(item.writer), item.line, float(item.record.time)
+        for host, kind, detail in _event_history(item.record, attempt_hosts):
+            yield (_text(host), run_uid, t, kind, _text(detail), w, n)
+
+
+def _event_history(e: Event, attempt_hosts: dict[int, tuple[str, ...]]) -> Iterator[tuple[str, str, str]]:
+    """(host, kind, detail) of what one event says about hosts."""
+    if isinstance(e, Diagnosis):
+        for h in e.culprit_hosts:
+            yield h, "culprit", e.category
+            for code in _xid_codes(e.evidence):
+                yield h, "xid", str(code)
+        yield from _link_records(e.evidence)
+    elif isinstance(e, FailureDetected):
+        for h in e.hosts:
+            yield h, "failure", e.kind
+    elif isinstance(e, NodeExcluded):
+        yield e.node, "excluded", e.reason
+    elif isinstance(e, HealthCheckResult) and not e.ok and not e.skipped:
+        yield e.host, "check_failed", f"{e.name} ({e.severity})"
+    elif isinstance(e, NodeDrained) and e.status in _DRAIN_STATUS_KINDS:
+        yield e.node, _DRAIN_STATUS_KINDS[e.status], e.reason if e.status == "drained" else f"{e.reason} [{e.detail}]"
+    elif isinstance(e, NodeReturned):
+        yield e.node, "returned", e.drained_reason
+    elif isinstance(e, AttemptEnded) and e.reason == "failure":
+        for h in attempt_hosts.get(e.attempt, ()):
+            yield h, "failed_attempt_member", f"attempt {e.attempt}"
 
 
 class FleetDB:
