@@ -144,7 +144,9 @@ def begin(node: Path, directory: Path, size: int, bound_bytes: int, who: str) ->
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
-            mapped = mmap.mmap(fd, max(size, 1)) if size else mmap.mmap(-1, 1)
+            # Populated up front: one pass over the pages instead of a fault per page inside the copy.
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)) if size \
+                else mmap.mmap(-1, 1)
         finally:
             os.close(fd)
     return slot, mapped

@@ -120,11 +120,14 @@ class MemoryTier:
         directory = rank_dir(self.node_dir, "own", rank)
         slot, mapped = begin_slot(self.node_dir, directory, layout.size, self.bound, f"rank {rank}")
         try:
-            if self.hooks is not None:
-                self.hooks.during_memory_copy(step, memoryview(mapped)[: layout.size // 2])
-            pack(flat, layout, memoryview(mapped))
+            with memoryview(mapped) as whole:
+                if self.hooks is not None:
+                    with whole[: layout.size // 2] as half:
+                        self.hooks.during_memory_copy(step, half)
+                pack(flat, layout, whole)
         except BaseException:
-            mapped.close()
+            with contextlib.suppress(BufferError):  # a view the traceback still holds: the collector closes it
+                mapped.close()
             raise
         meta = CopyMeta(step, rank, self.comm.world_size, self.algorithm, "", layout.size, layout.entries,
                         (layout.objects_offset, len(layout.objects_blob)))
@@ -135,15 +138,16 @@ class MemoryTier:
 
     def _finish(self, directory: Path, slot: int, mapped: mmap.mmap, meta: CopyMeta) -> None:
         try:
-            view = memoryview(mapped)
-            meta = dataclasses.replace(meta, checksum=digest(view[: meta.size], self.algorithm))
-            describe(directory, slot, meta)
-            peer = self.peer()
-            if peer is not None:
-                HolderClient(peer, self.signer, self.config.timeout_seconds).put(meta, view)
-            view.release()
+            with memoryview(mapped) as view:
+                with view[: meta.size] as data:
+                    meta = dataclasses.replace(meta, checksum=digest(data, self.algorithm))
+                describe(directory, slot, meta)
+                peer = self.peer()
+                if peer is not None:
+                    HolderClient(peer, self.signer, self.config.timeout_seconds).put(meta, view)
         finally:
-            mapped.close()
+            with contextlib.suppress(BufferError):
+                mapped.close()
 
     def drain(self) -> None:
         """Wait for the background part of the last save; `CheckpointError` if it failed."""
