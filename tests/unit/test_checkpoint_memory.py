@@ -13,8 +13,8 @@ import torch
 
 from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointError, WriteHooks
 from trainguard.checkpoint.memory_client import Address, HolderClient
-from trainguard.checkpoint.memory_layout import pack, plan, unpack, verify
 from trainguard.checkpoint.memory_layout import digest as checksum
+from trainguard.checkpoint.memory_layout import pack, plan, unpack, verify
 from trainguard.checkpoint.memory_meta import CopyMeta
 from trainguard.checkpoint.memory_store import begin, copies, describe, node_dir, rank_dir, run_id, secure_dir
 from trainguard.launch.store_auth import StoreSigner
@@ -79,7 +79,7 @@ def test_slots_keep_the_previous_copy_until_the_new_one_is_described(tmp_path: P
 
 def test_node_bound_refuses_a_copy_that_does_not_fit(tmp_path: Path) -> None:
     node = node_dir(tmp_path, "run", "n0")
-    slot, mapped = begin(node, rank_dir(node, "own", 0), 600, 1000, "rank 0")
+    _, mapped = begin(node, rank_dir(node, "own", 0), 600, 1000, "rank 0")
     mapped.close()
     with pytest.raises(CheckpointError, match=r"rank 1 needs .* already holds .*CheckpointConfig.memory_gb"):
         begin(node, rank_dir(node, "own", 1), 600, 1000, "rank 1")
@@ -125,7 +125,10 @@ class _Interrupt(WriteHooks):
             raise RuntimeError("copy interrupted")
 
 
-def test_checkpointer_restores_from_memory_and_survives_an_interrupted_copy(memory_job) -> None:  # type: ignore[no-untyped-def]
+MemoryJob = tuple[Path, CheckpointConfig]
+
+
+def test_checkpointer_restores_from_memory_and_survives_an_interrupted_copy(memory_job: MemoryJob) -> None:
     ckpt_dir, config = memory_job
     model = torch.nn.Linear(4, 3)
     with Checkpointer(ckpt_dir, config, hooks=_Interrupt()) as ckpt:
@@ -147,14 +150,13 @@ def test_checkpointer_restores_from_memory_and_survives_an_interrupted_copy(memo
         assert torch.equal(model.weight, expected)
 
 
-def test_checkpointer_refuses_a_copy_over_the_bound(memory_job) -> None:  # type: ignore[no-untyped-def]
+def test_checkpointer_refuses_a_copy_over_the_bound(memory_job: MemoryJob) -> None:
     ckpt_dir, config = memory_job
-    with Checkpointer(ckpt_dir, config) as ckpt:
-        with pytest.raises(CheckpointError, match="memory_gb"):
-            ckpt.save_to_memory(1, {"big": torch.zeros(4 << 20)})  # 16 MiB > 0.01 GiB
+    with Checkpointer(ckpt_dir, config) as ckpt, pytest.raises(CheckpointError, match="memory_gb"):
+        ckpt.save_to_memory(1, {"big": torch.zeros(4 << 20)})  # 16 MiB > 0.01 GiB
 
 
-def test_holder_ignores_requests_without_the_job_secret(memory_job) -> None:  # type: ignore[no-untyped-def]
+def test_holder_ignores_requests_without_the_job_secret(memory_job: MemoryJob) -> None:
     ckpt_dir, config = memory_job
     with Checkpointer(ckpt_dir, config) as ckpt:
         ckpt.save_to_memory(1, {"w": torch.ones(3)})

@@ -171,7 +171,10 @@ class MemoryTier:
         """Load the newest step every rank holds in memory (not older than ``storage_step``); None: use storage."""
         start = time.perf_counter()
         comm, rank = self.comm, self.comm.rank
-        self.drain()
+        try:
+            self.drain()
+        except CheckpointError as exc:  # a failed replica push does not stop a restore
+            log.warning("%s", exc)
         holders = self.holders()
         own = {c.meta.step: c for c in copies(rank_dir(self.node_dir, "own", rank))
                if c.meta.rank == rank and c.meta.world_size == comm.world_size}
@@ -227,8 +230,8 @@ class MemoryTier:
             try:
                 meta, data = HolderClient(address, self.signer, self.config.timeout_seconds).get(rank, step)
                 problem = verify(meta, memoryview(data))
-                if not problem and (meta.step, meta.rank) != (step, rank):
-                    problem = f"replica holds rank {meta.rank} step {meta.step}"
+                if not problem and (meta.step, meta.rank, meta.world_size) != (step, rank, self.comm.world_size):
+                    problem = f"replica holds rank {meta.rank} step {meta.step} of {meta.world_size} ranks"
                 if not problem:
                     return unpack(meta, memoryview(data), flat), f"peer:{address.node}", [data]
             except (CheckpointError, OSError) as exc:
