@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import socket
 import subprocess
@@ -80,17 +81,18 @@ class HolderClient:
         with self._call({"op": "list"}) as (_, _, answer):
             return {int(r): [int(s) for s in steps] for r, steps in answer()["replicas"].items()}
 
-    def get(self, rank: int, step: int) -> tuple[CopyMeta, bytearray]:
+    def get(self, rank: int, step: int) -> tuple[CopyMeta, mmap.mmap]:
         """A replica's description and bytes (not yet verified: the caller does)."""
         with self._call({"op": "get", "rank": rank, "step": step}) as (_, rfile, answer):
             meta = CopyMeta.from_bytes(str(answer()["meta"]).encode())
-            data = bytearray(meta.size)
-            view, got = memoryview(data), 0
-            while got < meta.size:
-                n = rfile.readinto(view[got:])
-                if not n:
-                    raise CheckpointError(f"holder of node {self.address.node} went away mid-transfer")
-                got += n
+            data = mmap.mmap(-1, max(meta.size, 1))  # anonymous: no zero-filling pass before the transfer
+            got = 0
+            with memoryview(data) as view:
+                while got < meta.size:
+                    n = rfile.readinto(view[got : meta.size])
+                    if not n:
+                        raise CheckpointError(f"holder of node {self.address.node} went away mid-transfer")
+                    got += n
             return meta, data
 
     def stop(self) -> None:
