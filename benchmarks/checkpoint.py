@@ -10,6 +10,12 @@ plain ``dcp.load`` of trainguard's checkpoint, the former two-read restore (chec
 slowest rank's time; goals are judged on the median of per-repeat paired ratios (measurements of one
 repeat run back to back). Prints one JSON object.
 Example: ``python benchmarks/checkpoint.py --mb 256 --ranks 2 --repeats 3``.
+
+``--memory`` measures the memory tier instead, every rank a node of its own (its own holder, the other
+rank's node as its peer): the stall of a memory-tier save against plain ``dcp.async_save``'s, a restore
+from the node's own memory and one from the peer's replica (own copies removed first) against a cold
+plain ``dcp.load`` of the same state from disk, and the bytes each restore read from storage.
+Example: ``python benchmarks/checkpoint.py --memory --mb 512 --ranks 2 --repeats 3`` (256 MB per rank).
 """
 
 from __future__ import annotations
@@ -242,6 +248,104 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _storage_read_bytes() -> int:
+    """This process's bytes read from block devices (``/proc/self/io``); tmpfs reads count nothing."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory_worker(args: argparse.Namespace) -> None:
+    """The ``--memory`` measurements (see module doc); rank 0 writes the JSON."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from trainguard.checkpoint import CheckpointConfig, Checkpointer
+
+    torch.set_num_threads(1)
+    os.environ["TRAINGUARD_NODE"] = f"bench-node-{args.rank}"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                            world_size=args.ranks, timeout=timedelta(seconds=600))
+    b = Bench(args)
+    async_pg = dist.new_group(backend="gloo")
+    state = {"rank_local": b.shards}
+    plain = {"__rank_local__": {str(b.rank): b.shards}}
+    disk = b.base / "plain"
+    dcp.save(plain, checkpoint_id=disk)
+    shm = Path(args.memory_root)
+    config = CheckpointConfig(memory_gb=args.memory_gb, memory_root=str(shm), memory_address="127.0.0.1",
+                              directory=str(b.base / "tiered"))
+    ckpt = Checkpointer(b.base / "tiered", config)
+    assert ckpt.memory is not None
+    ckpt.save_to_memory(0, state)  # warm-up: holders started, slots allocated
+    ckpt.wait()
+    target = {"rank_local": {k: torch.empty_like(v) for k, v in b.shards.items()}}
+    loaded = {"__rank_local__": {str(b.rank): {k: torch.empty_like(v) for k, v in b.shards.items()}}}
+    runs: dict[str, list[float]] = {k: [] for k in ("memory_stall", "memory_total", "dcp_async_stall",
+                                                     "dcp_async_total", "own_restore", "peer_restore", "dcp_load")}
+    tiers, storage_bytes, disk_bytes = set(), [], []
+
+    def restore(expect: str) -> None:
+        step = ckpt.restore(target)
+        got = ckpt.last_restore.tier if ckpt.last_restore else "storage"
+        if step is None or not got.startswith(expect):
+            raise SystemExit(f"memory restore came from {got}, not {expect}")
+        if not all(torch.equal(target["rank_local"][k], v) for k, v in b.shards.items()):
+            raise SystemExit("memory restore returned other data")
+        tiers.add(got)
+        storage_bytes.append(ckpt.last_restore_storage_bytes)
+
+    def dcp_load() -> None:
+        before = _storage_read_bytes()
+        dcp.load(loaded, checkpoint_id=disk)
+        disk_bytes.append(_storage_read_bytes() - before)
+
+    def drop_own() -> None:
+        own = ckpt.memory.node_dir / "own" / f"rank-{b.rank}"  # type: ignore[union-attr]
+        for description in own.glob("slot-*.json"):
+            description.unlink()
+
+    for rep in range(1, args.repeats + 1):
+        _async_pair(b, runs, lambda rep=rep: ckpt.save_to_memory(rep, state), lambda _: ckpt.wait(), "memory")
+        _async_pair(b, runs, lambda rep=rep: dcp.async_save(plain, checkpoint_id=b.base / f"async-{rep}",
+                                                    process_group=async_pg), lambda fut: fut.result(), "dcp_async")
+        runs["own_restore"].append(b.timed(lambda: restore("own")))
+        drop_own()
+        runs["peer_restore"].append(b.timed(lambda: restore("peer:")))
+        runs["dcp_load"].append(b.timed(dcp_load, evict=True))
+        if b.rank == 0:
+            shutil.rmtree(b.base / f"async-{rep}", ignore_errors=True)
+    ckpt.close()
+    if b.rank == 0:
+        best = {k: min(v) for k, v in runs.items()}
+        out = {
+            "mode": "memory", "mb": round(b.mb, 1), "mb_per_rank": round(b.mb / b.world, 1), "ranks": b.world,
+            "seconds_best": {k: round(v, 4) for k, v in best.items()},
+            "ratios_paired_median": {
+                "own_restore_speedup_vs_dcp_load": _paired(runs, "dcp_load", "own_restore"),
+                "peer_restore_speedup_vs_dcp_load": _paired(runs, "dcp_load", "peer_restore"),
+                "memory_stall_vs_dcp_async_stall": _paired(runs, "memory_stall", "dcp_async_stall"),
+            },
+            # Rank 0's figures: checkpoint bytes the checkpointer read, and the block-device reads of dcp.load.
+            "storage_bytes_read_per_restore": {"memory_tier": max(storage_bytes), "dcp_load": max(disk_bytes)},
+            "tiers_seen_on_rank0": sorted(tiers),
+            "runs_seconds": {k: [round(v, 4) for v in vals] for k, vals in runs.items()},
+        }
+        judged = out["ratios_paired_median"]
+        out["goals"] = {
+            "memory_restores_at_least_10x_dcp_load": min(judged["own_restore_speedup_vs_dcp_load"],
+                                                        judged["peer_restore_speedup_vs_dcp_load"]) >= 10,
+            "memory_stall_at_most_dcp_async_stall": judged["memory_stall_vs_dcp_async_stall"] <= 1.0,
+            "no_storage_read_from_memory": max(storage_bytes) == 0,
+        }
+        Path(args.out).write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=64.0, help="total state size in MB (10^6 bytes); default 64")
@@ -251,13 +355,16 @@ def main() -> int:
         "--repeats", type=int, default=3, help="measurements per figure (best reported; goals on paired medians)"
     )
     ap.add_argument("--dir", default="", help="directory on the disk to measure (default: a temp dir)")
+    ap.add_argument("--memory", action="store_true", help="measure the memory tier (see module doc)")
+    ap.add_argument("--memory-gb", type=float, default=8.0, help="memory tier bound per node (--memory)")
+    ap.add_argument("--memory-root", default="/dev/shm", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        (memory_worker if args.memory else worker)(args)
         return 0
     if not (0 < args.mb <= 100_000 and 1 <= args.ranks <= 64 and args.repeats >= 1 and args.tensors >= 1):
         print("checkpoint benchmark: --mb, --ranks, --tensors or --repeats out of range", file=sys.stderr)
@@ -270,7 +377,9 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     common = ["--worker", "--port", str(port), "--dir", str(base), "--out", str(out)]
     common += ["--mb", str(args.mb), "--ranks", str(args.ranks), "--tensors", str(args.tensors)]
-    common += ["--repeats", str(args.repeats)]
+    common += ["--repeats", str(args.repeats), "--memory-gb", str(args.memory_gb), "--memory-root", args.memory_root]
+    common += ["--memory"] if args.memory else []
+    env["TRAINGUARD_JOB_SECRET"] = os.environ.get("TRAINGUARD_JOB_SECRET") or os.urandom(16).hex()
     procs = [
         subprocess.Popen([sys.executable, __file__, *common, "--rank", str(r)], env=env) for r in range(args.ranks)
     ]

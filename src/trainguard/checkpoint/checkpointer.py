@@ -33,7 +33,8 @@ from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.groups import Collectives
 from trainguard.checkpoint.interval import IntervalPolicy
 from trainguard.checkpoint.lock import DirectoryLock, acquire, current_owner
-from trainguard.checkpoint.manifest import latest_step
+from trainguard.checkpoint.manifest import committed_steps, latest_step
+from trainguard.checkpoint.memory_tier import MemoryRestore, MemoryTier
 from trainguard.checkpoint.restore import Restorer, to_payload
 from trainguard.checkpoint.safefs import make_dirs
 from trainguard.checkpoint.saving import Committer, SaveJob
@@ -123,6 +124,19 @@ class Checkpointer:
             self._setup_groups()
         else:
             self._own_directory()
+        self.memory: MemoryTier | None = None
+        """The memory tier (``config.memory_gb`` set), else None."""
+        if config.memory_gb is not None:
+            secret_dir = Path(self._worker.run_dir) if self._worker is not None else self.directory
+            make_dirs(secret_dir)
+            self.memory = MemoryTier(
+                config, self.directory, secret_dir, self._comm, self._host, self.checksum, self._emit,
+                self.attempt, hooks,
+            )
+        self.last_restore: MemoryRestore | None = None
+        """What the last `restore` loaded from memory (None: it used storage or found nothing)."""
+        self.last_restore_storage_bytes = 0
+        """Bytes the last `restore` read from checkpoint files in storage (0 when memory served it)."""
         self._emit_policy(self.interval)
 
     # --- process groups ------------------------------------------------------------------------
@@ -242,6 +256,27 @@ class Checkpointer:
                 ok, error = self._committer.finish(job)
                 self._consume(step, ok, error, job.blocking_seconds)
                 self._raise_error()
+        if self.memory is not None:
+            self.save_to_memory(step, state)
+
+    def should_save_to_memory(self, step: int) -> bool:
+        """Whether ``step`` is due for a memory-tier copy (``config.memory_every_steps``)."""
+        every = self.config.memory_every_steps
+        return self.memory is not None and every is not None and step % every == 0
+
+    def save_to_memory(self, step: int, state: dict[str, Any]) -> None:
+        """Copy ``state`` to the memory tier only (its node's holder, then a peer's in the background).
+
+        Every rank calls it at the same steps. Raises `CheckpointError` when the tier is off, when the
+        copy does not fit ``config.memory_gb``, or when the previous copy's replica failed.
+        """
+        if self.memory is None:
+            raise CheckpointError("the memory tier is off (set CheckpointConfig.memory_gb)")
+        if self._closed:
+            raise CheckpointError("checkpointer is closed")
+        with self._phase():
+            self._setup_groups()
+            self.memory.save(step, state)
 
     def _start_upload(self, step: int, payload: dict[str, Any], writer: ChecksumWriter) -> Future[Any]:
         """Hand the state to DCP: staged and uploading in the background (async), or written (sync)."""
@@ -293,6 +328,8 @@ class Checkpointer:
         """Finish the pending async save; raises `CheckpointError` if it (or an earlier one) failed."""
         with self._phase():
             self._drain()
+            if self.memory is not None:
+                self.memory.drain()
         self._raise_error()
 
     def close(self) -> None:
@@ -305,6 +342,8 @@ class Checkpointer:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self.memory is not None:
+                self.memory.close()
             self._stager.close()
             if self._lock is not None:
                 self._lock.release()
@@ -323,6 +362,8 @@ class Checkpointer:
     def restore(self, state: dict[str, Any]) -> int | None:
         """Load the newest verified checkpoint into ``state`` in place; its step, or None if there is none.
 
+        With the memory tier on, the newest copy every rank holds in memory (own node, then a peer's
+        replica) is loaded instead when it is at least as new as storage's newest (see `MemoryTier`).
         Every file is read once and checked against the manifest's checksum while it loads (into host
         memory; ``state`` changes only once every rank's files verified). Corrupt or partial
         checkpoints are reported (`CheckpointRejected`), moved aside to ``.rejected-step-N-*`` and
@@ -332,11 +373,21 @@ class Checkpointer:
         with self._phase():
             self._drain()
             self._setup_groups()
+            self.last_restore, self.last_restore_storage_bytes = None, 0
+            if self.memory is not None:
+                # Names only (no file read): memory serves unless storage holds a newer checkpoint.
+                newest = self._comm.broadcast(committed_steps(self.directory)[:1] if self.rank == 0 else [],
+                                              self._comm.ctl_pg)
+                self.last_restore = self.memory.restore(state, newest[0] if newest else None)
+                if self.last_restore is not None:
+                    self._last_save_step, self._last_save_time = self.last_restore.step, time.monotonic()
+                    return self.last_restore.step
             restorer = Restorer(self.directory, self._comm, self._emit, self._host, self.attempt)
             with _quiet_single_process(self._comm.distributed):
                 restored = restorer.restore(state)
         if restored is None:
             return None
+        self.last_restore_storage_bytes = restored.read_bytes
         self._last_save_step, self._last_save_time = restored.step, time.monotonic()
         return restored.step
 

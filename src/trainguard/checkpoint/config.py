@@ -35,6 +35,19 @@ class CheckpointConfig:
     """Timeout of the checkpointer's own gloo groups: a rank dead mid-save fails the save after this."""
     checksum: str | None = None
     """``xxh3_64`` or ``crc32``; None: the fastest one installed."""
+    memory_gb: float | None = None
+    """Memory tier: GiB of host memory each node may hold for it (own copies and replicas held for other
+    nodes, both slots); a save that does not fit is refused. None: no memory tier (docs/checkpoint.md)."""
+    memory_peer: bool = True
+    """Memory tier: also push each copy to the next node's holder (ring over node ids)."""
+    memory_every_steps: int | None = None
+    """Memory tier: `Checkpointer.should_save_to_memory` is true every this many steps (None: never; every
+    storage `save` also copies to memory)."""
+    memory_root: str = "/dev/shm"
+    """Memory tier: where the node's copies live (a tmpfs: memory that outlives the worker processes)."""
+    memory_address: str | None = None
+    """Memory tier: the address this node's holder listens on and other nodes reach it at; None: all
+    interfaces, reached at this host's name."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, IntervalPolicy):
@@ -50,6 +63,14 @@ class CheckpointConfig:
             raise ValueError(
                 f"CheckpointConfig.checksum {self.checksum!r} is not available here "
                 f"(installed: {', '.join(available())})"
+            )
+        if self.memory_gb is not None and not (
+            isinstance(self.memory_gb, (int, float)) and math.isfinite(self.memory_gb) and self.memory_gb > 0
+        ):
+            raise ValueError(f"CheckpointConfig.memory_gb must be None or > 0, got {self.memory_gb!r}")
+        if self.memory_every_steps is not None and not _count(self.memory_every_steps):
+            raise ValueError(
+                f"CheckpointConfig.memory_every_steps must be None or an integer >= 1, got {self.memory_every_steps!r}"
             )
         if self.directory is not None and not str(os.fspath(self.directory)):
             raise ValueError("CheckpointConfig.directory must not be empty (None: the run directory's checkpoints/)")

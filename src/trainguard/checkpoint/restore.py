@@ -64,6 +64,25 @@ def to_payload(state: dict[str, Any], rank: int) -> dict[str, Any]:
     return payload
 
 
+def write_back(
+    payload: dict[str, Any], flat: dict[str, Any], staged: dict[str, Any], mapping: Any, state: dict[str, Any],
+    rank: int,
+) -> None:
+    """Copy a verified staged state into the caller's tensors and containers (every tier's last step)."""
+    with torch.no_grad():
+        for fqn, value in flat.items():
+            if isinstance(value, torch.Tensor):
+                if staged[fqn] is not value:
+                    value.copy_(staged[fqn])
+            else:
+                assign(payload, tuple(mapping[fqn]), staged[fqn])
+    for key in state:
+        if key == RANK_LOCAL_KEY:
+            state[key] = payload[RANK_LOCAL_STORED][str(rank)]
+        else:
+            state[key] = payload[key]
+
+
 class Restorer:
     """Runs one restore for a checkpointer (see module doc); every rank calls `restore` together."""
 
@@ -182,19 +201,7 @@ class Restorer:
         self, payload: dict[str, Any], flat: dict[str, Any], staged: dict[str, Any], mapping: Any,
         state: dict[str, Any],
     ) -> None:
-        """Copy the verified staged state into the caller's tensors and containers."""
-        with torch.no_grad():
-            for fqn, value in flat.items():
-                if isinstance(value, torch.Tensor):
-                    if staged[fqn] is not value:
-                        value.copy_(staged[fqn])
-                else:
-                    assign(payload, tuple(mapping[fqn]), staged[fqn])
-        for key in state:
-            if key == RANK_LOCAL_KEY:
-                state[key] = payload[RANK_LOCAL_STORED][str(self.comm.rank)]
-            else:
-                state[key] = payload[key]
+        write_back(payload, flat, staged, mapping, state, self.comm.rank)
 
     def _reject(self, step: int, path: Path, reason: str, kind: str) -> None:
         log.warning("checkpoint %s rejected: %s", path, reason)

@@ -37,6 +37,10 @@ class WriteHooks:
     def before_commit(self, staging: Path, step: int) -> None:
         """Called on the committing rank after the manifest is written, before the rename."""
 
+    def during_memory_copy(self, step: int, slot: memoryview) -> None:
+        """Called as a memory-tier copy starts overwriting its slot (described no more), with the slot's
+        first half: a test may scribble there and kill the process, as if the copy stopped midway."""
+
 
 class DiskQuota(WriteHooks):
     """A byte budget shared by the writes of one process; ``None`` means unlimited.

@@ -1,0 +1,149 @@
+"""Talking to memory holders: start this node's holder when none runs, push, list and fetch replicas.
+
+`ensure_holder` is called by every rank of a node; the first one to find no live holder (under the node's
+``holder.lock``) starts it, the others wait for its ``holder.json``. See `trainguard.checkpoint.memory_holder`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.errors import CheckpointError
+from trainguard.checkpoint.memory_holder import STATE_FILE, read_line, signed, unsigned
+from trainguard.checkpoint.memory_meta import CopyMeta
+from trainguard.launch.store_auth import StoreSigner
+
+START_SECONDS = 20.0
+_HOLDER_MAIN = "import sys; from trainguard.checkpoint.memory_holder import main; sys.exit(main(sys.argv[1:]))"
+"""``-c`` rather than ``-m``: the package imports the holder module, which ``-m`` would then run twice."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a node's holder listens."""
+
+    node: str
+    host: str
+    port: int
+
+
+class HolderClient:
+    """Requests to one holder, each on its own connection (a holder never keeps state per client)."""
+
+    def __init__(self, address: Address, signer: StoreSigner, timeout: float = 60.0) -> None:
+        self.address = address
+        self.signer = signer
+        self.timeout = timeout
+
+    @contextlib.contextmanager
+    def _call(self, request: dict[str, Any]) -> Any:
+        with socket.create_connection((self.address.host, self.address.port), timeout=self.timeout) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
+            nonce = read_line(rfile).strip().decode()
+            wfile.write(signed(self.signer, f"memtier-req/{nonce}", request))
+            wfile.flush()
+
+            def answer() -> dict[str, Any]:
+                reply = unsigned(self.signer, f"memtier-resp/{nonce}", read_line(rfile))
+                if reply is None:
+                    raise CheckpointError(f"holder of node {self.address.node} sent an unsigned reply")
+                if not reply.get("ok"):
+                    raise CheckpointError(str(reply.get("error", "holder refused")))
+                return reply
+
+            yield sock, rfile, answer
+
+    def ping(self) -> int:
+        with self._call({"op": "ping"}) as (_, _, answer):
+            return int(answer()["pid"])
+
+    def put(self, meta: CopyMeta, data: memoryview) -> None:
+        """Store ``data`` (``meta.size`` bytes) as a replica; `CheckpointError` when the holder refuses."""
+        with self._call({"op": "put", "meta": meta.to_bytes().decode()}) as (sock, _, answer):
+            answer()
+            sock.sendall(data[: meta.size])
+            answer()
+
+    def replicas(self) -> dict[int, list[int]]:
+        """Rank -> steps of the replicas this holder has."""
+        with self._call({"op": "list"}) as (_, _, answer):
+            return {int(r): [int(s) for s in steps] for r, steps in answer()["replicas"].items()}
+
+    def get(self, rank: int, step: int) -> tuple[CopyMeta, mmap.mmap]:
+        """A replica's description and bytes (not yet verified: the caller does)."""
+        with self._call({"op": "get", "rank": rank, "step": step}) as (_, rfile, answer):
+            meta = CopyMeta.from_bytes(str(answer()["meta"]).encode())
+            data = mmap.mmap(-1, max(meta.size, 1))  # anonymous: no zero-filling pass before the transfer
+            got = 0
+            with memoryview(data) as view:
+                while got < meta.size:
+                    n = rfile.readinto(view[got : meta.size])
+                    if not n:
+                        raise CheckpointError(f"holder of node {self.address.node} went away mid-transfer")
+                    got += n
+            return meta, data
+
+    def stop(self) -> None:
+        with self._call({"op": "stop"}) as (_, _, answer):
+            answer()
+
+
+def running(node_dir: Path, node: str, signer: StoreSigner) -> Address | None:
+    """The address of the node's live holder, or None."""
+    try:
+        fd = os.open(node_dir / STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            state = json.load(f)
+        address = Address(node, str(state["address"]), int(state["port"]))
+        if HolderClient(address, signer, timeout=5.0).ping() != int(state["pid"]):
+            return None
+        return address
+    except (OSError, ValueError, KeyError, CheckpointError):
+        return None
+
+
+def ensure_holder(
+    node_dir: Path, node: str, signer: StoreSigner, *, bind: str, advertise: str, bound_bytes: int
+) -> Address:
+    """This node's holder, started (watching this rank's parent: the job's launcher) if none is alive."""
+    found = running(node_dir, node, signer)
+    if found is not None:
+        return found
+    fd = os.open(node_dir / "holder.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        found = running(node_dir, node, signer)
+        if found is not None:
+            return found
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(node_dir / STATE_FILE)
+        cmd = [sys.executable, "-c", _HOLDER_MAIN, "--node-dir", str(node_dir),
+               "--watch-pid", str(os.getppid()), "--bind", bind, "--advertise", advertise,
+               "--bound-bytes", str(bound_bytes)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        assert proc.stdin is not None
+        proc.stdin.write(signer.key)
+        proc.stdin.close()
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            found = running(node_dir, node, signer)
+            if found is not None:
+                return found
+            if proc.poll() is not None:
+                raise CheckpointError(f"memory holder of node {node} exited at start (code {proc.returncode})")
+            time.sleep(0.05)
+        raise CheckpointError(f"memory holder of node {node} did not start within {START_SECONDS:.0f} s")
+    finally:
+        os.close(fd)

@@ -1,0 +1,208 @@
+"""The memory tier's holder: one small process per node that owns the node's memory copies and serves replicas.
+
+Started by the first rank of a node that saves to memory (`trainguard.checkpoint.memory_client`), in its
+own session so it outlives worker processes; it watches the job's launcher process (the ranks' parent:
+the agent, or torchrun) and, when that ends, removes the node's copies and exits, so memory is held no
+longer than the job. A new holder starts with no memory: it empties the node directory it takes over.
+
+Over TCP it accepts replicas pushed by other nodes' ranks and returns them on restore. Every request
+and response is tagged with the job secret (HMAC-SHA256, bound to a per-connection nonce), so another
+user can neither read copies nor plant one; the data itself is verified by its checksum at restore.
+Run as ``python -m trainguard.checkpoint.memory_holder`` with the secret on stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import socketserver
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.errors import CheckpointError
+from trainguard.checkpoint.memory_meta import CopyMeta
+from trainguard.checkpoint.memory_store import begin, copies, describe, rank_dir, secure_dir
+from trainguard.launch.store_auth import StoreSigner
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "holder.json"
+MAX_LINE = 64 << 20
+
+
+def read_line(stream: Any) -> bytes:
+    line: bytes = stream.readline(MAX_LINE + 1)
+    if not line.endswith(b"\n"):
+        raise ConnectionError("connection closed or line too long")
+    return line
+
+
+def signed(signer: StoreSigner, context: str, message: dict[str, Any]) -> bytes:
+    return signer.sign(context, {"m": json.dumps(message)}) + b"\n"
+
+
+def unsigned(signer: StoreSigner, context: str, raw: bytes) -> dict[str, Any] | None:
+    fields = signer.verify(context, raw, ("m",))
+    if fields is None:
+        return None
+    message = json.loads(fields["m"])
+    return message if isinstance(message, dict) else None
+
+
+class Holder:
+    """The holder's state: its node directory, bound, secret and the server."""
+
+    def __init__(self, node: Path, signer: StoreSigner, bound_bytes: int) -> None:
+        self.node = node
+        self.signer = signer
+        self.bound_bytes = bound_bytes
+        self.server: socketserver.ThreadingTCPServer | None = None
+        self.stopping = threading.Event()
+
+    def wipe(self) -> None:
+        """A holder starts with no memory: copies a dead holder left behind are not trusted."""
+        for kind in ("own", "replicas"):
+            shutil.rmtree(self.node / kind, ignore_errors=True)
+
+    def handle(self, rfile: Any, wfile: Any, sock: socket.socket) -> None:
+        nonce = secrets.token_hex(16)
+        wfile.write(nonce.encode() + b"\n")
+        wfile.flush()
+        request = unsigned(self.signer, f"memtier-req/{nonce}", read_line(rfile))
+        if request is None:
+            return
+        op = request.get("op")
+        reply = f"memtier-resp/{nonce}"
+        if op == "ping":
+            wfile.write(signed(self.signer, reply, {"ok": True, "pid": os.getpid()}))
+        elif op == "list":
+            held: dict[str, list[int]] = {}
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(self.node / "replicas"):
+                    if entry.name.startswith("rank-") and entry.is_dir(follow_symlinks=False):
+                        held[entry.name[5:]] = [c.meta.step for c in copies(Path(entry.path))]
+            wfile.write(signed(self.signer, reply, {"ok": True, "replicas": held}))
+        elif op == "put":
+            self._put(request, rfile, wfile, reply)
+        elif op == "get":
+            self._get(request, wfile, sock, reply)
+        elif op == "stop":
+            wfile.write(signed(self.signer, reply, {"ok": True}))
+            wfile.flush()
+            self.stopping.set()
+        wfile.flush()
+
+    def _put(self, request: dict[str, Any], rfile: Any, wfile: Any, reply: str) -> None:
+        try:
+            meta = CopyMeta.from_bytes(str(request["meta"]).encode())
+            directory = rank_dir(self.node, "replicas", meta.rank)
+            slot, mapped = begin(self.node, directory, meta.size, self.bound_bytes, f"rank {meta.rank}'s replica")
+        except (CheckpointError, OSError, KeyError) as exc:
+            wfile.write(signed(self.signer, reply, {"ok": False, "error": str(exc)}))
+            return
+        try:
+            wfile.write(signed(self.signer, reply, {"ok": True}))
+            wfile.flush()
+            view, got = memoryview(mapped), 0
+            while got < meta.size:
+                n = rfile.readinto(view[got : meta.size])
+                if not n:
+                    raise ConnectionError("replica sender went away mid-copy")
+                got += n
+            view.release()
+        finally:
+            mapped.close()
+        describe(directory, slot, meta)  # only a complete copy is described
+        wfile.write(signed(self.signer, reply, {"ok": True}))
+
+    def _get(self, request: dict[str, Any], wfile: Any, sock: socket.socket, reply: str) -> None:
+        try:
+            directory = rank_dir(self.node, "replicas", int(request["rank"]))
+            found = [c for c in copies(directory) if c.meta.step == int(request["step"])]
+            if not found:
+                raise CheckpointError(f"no replica of rank {request['rank']} step {request['step']}")
+            fd = os.open(found[0].data, os.O_RDONLY | os.O_NOFOLLOW)
+        except (CheckpointError, OSError, KeyError, ValueError) as exc:
+            wfile.write(signed(self.signer, reply, {"ok": False, "error": str(exc)}))
+            return
+        with os.fdopen(fd, "rb") as data:
+            wfile.write(signed(self.signer, reply, {"ok": True, "meta": found[0].meta.to_bytes().decode()}))
+            wfile.flush()
+            sock.sendfile(data, 0, found[0].meta.size)
+
+    def serve(self, bind: str, advertise: str, watch_pid: int) -> None:
+        holder = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                try:
+                    holder.handle(self.rfile, self.wfile, self.request)
+                except (OSError, ConnectionError, ValueError) as exc:
+                    log.debug("memory holder connection ended: %s", exc)
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        socketserver.ThreadingTCPServer.daemon_threads = True
+        with socketserver.ThreadingTCPServer((bind, 0), Handler) as server:
+            self.server = server
+            port = server.server_address[1]
+            state = self.node / f".{STATE_FILE}.tmp"
+            state.unlink(missing_ok=True)
+            fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": os.getpid(), "address": advertise, "port": port}, f)
+            os.rename(state, self.node / STATE_FILE)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            _wait_for(watch_pid, self.stopping)
+            server.shutdown()
+
+
+def _wait_for(pid: int, stopping: threading.Event) -> None:
+    """Return when process ``pid`` has ended (a pidfd: no pid-reuse race) or a stop was asked."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return
+    try:
+        while not stopping.is_set():
+            ready, _, _ = select.select([pidfd], [], [], 0.2)
+            if ready:
+                return
+    finally:
+        os.close(pidfd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainguard.checkpoint.memory_holder")
+    ap.add_argument("--node-dir", required=True)
+    ap.add_argument("--watch-pid", type=int, required=True)
+    ap.add_argument("--bind", default="127.0.0.1")
+    ap.add_argument("--advertise", default="127.0.0.1")
+    ap.add_argument("--bound-bytes", type=int, required=True)
+    args = ap.parse_args(argv)
+    key = sys.stdin.buffer.read(4096).strip()
+    node = secure_dir(Path(args.node_dir))
+    holder = Holder(node, StoreSigner(key), args.bound_bytes)
+    signal.signal(signal.SIGTERM, lambda *_: holder.stopping.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the job reaches the launcher, which we watch
+    holder.wipe()
+    try:
+        holder.serve(args.bind, args.advertise, args.watch_pid)
+    finally:
+        shutil.rmtree(node, ignore_errors=True)  # the job's memory goes with the job
+        with contextlib.suppress(OSError):
+            node.parent.rmdir()  # the run's directory, once its last node is gone
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""A tiny deterministic 2-rank gloo job with trainguard's memory tier on, one "node" id per rank, for fault tests.
+
+Storage saves every ``--save-every`` steps, memory copies every step. Faults (``--fault``, on
+``--fault-rank``): ``crash`` (the rank dies in step ``--fault-step + 1``, after the copy of
+``--fault-step`` finished), ``kill-mid-copy`` (the rank scribbles over half of the slot its copy of
+``--fault-step`` is overwriting, then SIGKILLs itself). The result (start step, restore tier, bytes read
+from storage, per-step losses) goes to ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _ckpt_train import ROOT, free_port
+
+SECRET = "memory-tier-test-secret-0123456789"
+
+
+def launch(
+    tmp: Path, ckpt_dir: Path, shm: Path, nodes: list[str], *, steps: int = 8, save_every: int = 4,
+    fault: str = "", fault_step: int = 0, fault_rank: int = 0, tag: str = "run", timeout_seconds: float = 120.0,
+) -> tuple[list[int | None], list[dict]]:
+    """Start one rank per entry of ``nodes`` (its node id); when one fails the others are killed a second later."""
+    port = free_port()
+    procs, outs = [], []
+    for rank, node in enumerate(nodes):
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "TRAINGUARD_NODE": node,
+               "TRAINGUARD_JOB_SECRET": SECRET}
+        out = tmp / f"{tag}-rank{rank}.json"
+        outs.append(out)
+        log = (tmp / f"{tag}-rank{rank}.log").open("wb")
+        cmd = [sys.executable, __file__, "--rank", str(rank), "--world", str(len(nodes)), "--port", str(port),
+               "--dir", str(ckpt_dir), "--shm", str(shm), "--steps", str(steps), "--save-every", str(save_every),
+               "--out", str(out), "--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout_seconds
+    failed_at: float | None = None
+    while any(p.poll() is None for p in procs):
+        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if (failed_at is not None and time.monotonic() - failed_at > 1.0) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+    codes = [p.wait() for p in procs]
+    return codes, [json.loads(o.read_text()) if o.exists() else {} for o in outs]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    for name in ("--rank", "--world", "--port", "--steps", "--save-every", "--fault-step", "--fault-rank"):
+        ap.add_argument(name, type=int, default=0)
+    for name in ("--dir", "--shm", "--out"):
+        ap.add_argument(name, required=True)
+    ap.add_argument("--fault", default="")
+    args = ap.parse_args()
+
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from trainguard.checkpoint import CheckpointConfig, Checkpointer, IntervalPolicy, WriteHooks
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                            world_size=args.world, timeout=timedelta(seconds=60))
+    mine = args.rank == args.fault_rank
+
+    class MidCopy(WriteHooks):
+        def during_memory_copy(self, step: int, slot: memoryview) -> None:
+            if args.fault == "kill-mid-copy" and mine and step == args.fault_step:
+                slot[:] = b"\xff" * len(slot)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    config = CheckpointConfig(
+        keep_last=10, interval=IntervalPolicy.every_steps(args.save_every), timeout_seconds=30.0,
+        memory_gb=0.05, memory_every_steps=1, memory_root=args.shm, memory_address="127.0.0.1",
+    )
+    ckpt = Checkpointer(args.dir, config, hooks=MidCopy())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for p in model.parameters():
+        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    gen = torch.Generator().manual_seed(1000 + args.rank)
+
+    def snapshot(step: int) -> dict:
+        return {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                "rank_local": {"rng": gen.get_state(), "position": step}}
+
+    state = snapshot(0)
+    start = ckpt.restore(state) or 0
+    if start:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        gen.set_state(state["rank_local"]["rng"])
+        assert state["rank_local"]["position"] == start == state["step"], state
+    tier = ckpt.last_restore.tier if ckpt.last_restore else ("storage" if start else "")
+    losses: dict[int, float] = {}
+    result = {"start": start, "tier": tier, "storage_bytes": ckpt.last_restore_storage_bytes, "losses": losses}
+    for step in range(start + 1, args.steps + 1):
+        if args.fault == "crash" and mine and step == args.fault_step + 1:
+            ckpt.wait()  # the copy of the step before finished (checksum and replica): then the rank dies
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = torch.randn(4, 8, generator=gen)
+        y = (x.sum(dim=1, keepdim=True) * 0.5).sin()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= args.world
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses[step] = float(total) / args.world
+        if ckpt.should_save(step):
+            ckpt.save(step, snapshot(step))
+        elif ckpt.should_save_to_memory(step):
+            ckpt.save_to_memory(step, snapshot(step))
+    ckpt.close()
+    Path(args.out).write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
