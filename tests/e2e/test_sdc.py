@@ -43,10 +43,13 @@ def test_demo_rolls_back_past_a_bit_flip_and_ends_with_the_fault_free_loss(tmp_p
     assert dirty[(0, 11)] == fresh[(0, 11)] and dirty[(0, 20)] != fresh[(0, 20)]
     # ... the checkpoints taken after the last clean check (10) were set aside, the restart resumed from 10 ...
     rejected = of_type(events(tmp_path / "faulty", "agent-"), "checkpoint_rejected")
-    # (which of 15 and 20 exist depends on whether step 20's save ran before the workers were stopped)
+    # (whether step 20's save was committed before the workers were stopped is a race, and rank 0 may be
+    # stopped before it records a save the other ranks committed: every save rank 0 saw finish is set aside,
+    # and nothing but 15 and 20)
     taken = sorted(e["step"] for e in of_type(events(tmp_path / "faulty", "rank-0"), "checkpoint_save_finished")
                    if e["attempt"] == 0 and e["step"] > 10)
-    assert 15 in taken and sorted(r["step"] for r in rejected) == taken
+    set_aside = sorted(r["step"] for r in rejected)
+    assert 15 in taken and set(taken) <= set(set_aside) <= {15, 20}, (taken, set_aside)
     assert all("sdc" in r["reason"] for r in rejected)
     starts = {a["attempt"]: a["resume_step"] for a in of_type(events(tmp_path / "faulty", "agent-"),
                                                                  "attempt_started")}
