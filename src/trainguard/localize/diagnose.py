@@ -17,6 +17,7 @@ from trainguard.localize.match import Matcher
 from trainguard.localize.membership import common_cause, infer_members
 from trainguard.localize.model import FileWarning, LocalizationReport, Problem
 from trainguard.localize.observed import read_observed
+from trainguard.localize.problems import Context
 from trainguard.localize.reader import (
     MAX_RANK,
     Dump,
@@ -27,7 +28,7 @@ from trainguard.localize.reader import (
     read_dump,
     read_regular_file,
 )
-from trainguard.localize.verdicts import Context, Gap, group_problems, missing_records, order_problems
+from trainguard.localize.verdicts import Gap, group_problems, missing_records, order_problems
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,9 @@ from dataclasses import replace
 
 from trainguard.localize.match import GroupAcc, Matcher
 from trainguard.localize.model import Problem
+from trainguard.localize.problems import rank_list
 
 log = logging.getLogger(__name__)
-
-_SHOW = 8
-
-
-def _names(ranks: list[int] | tuple[int, ...]) -> str:
-    shown = ", ".join(str(r) for r in list(ranks)[:_SHOW])
-    more = len(ranks) - _SHOW
-    return f"{shown} and {more} more" if more > 0 else shown
-
 
 def _order(name: str) -> tuple[int, str]:
     return (int(name), name) if name.isdigit() else (1 << 30, name)
@@ -122,7 +114,7 @@ def common_cause(problems: list[Problem], m: Matcher, dumped: frozenset[int],
                 continue
             root = tuple(sorted({r for k in holders for r in k.culprit_ranks}))
             where = "; ".join(f"group {k.process_group} ({k.op}, sequence number {k.collective_seq}) on "
-                              f"rank{'s' if len(k.culprit_ranks) > 1 else ''} {_names(k.culprit_ranks)}"
+                              f"rank{'s' if len(k.culprit_ranks) > 1 else ''} {rank_list(k.culprit_ranks)}"
                               for k in holders)
             many = len(root) > 1
             # the collective cannot have finished without the lost ranks: a leader that gloo retired failed
@@ -131,13 +123,13 @@ def common_cause(problems: list[Problem], m: Matcher, dumped: frozenset[int],
             p = replace(p, waiting_ranks=tuple(sorted(set(p.waiting_ranks) | (leaders & dumped))))
             label = (f"group {p.process_group} ({p.process_group_desc})"
                      if p.process_group_desc and p.process_group_desc != "undefined" else f"group {p.process_group}")
-            text = (f"In {label}, rank{'s' if len(p.waiting_ranks) > 1 else ''} {_names(p.waiting_ranks)} "
+            text = (f"In {label}, rank{'s' if len(p.waiting_ranks) > 1 else ''} {rank_list(p.waiting_ranks)} "
                     f"entered {p.op} (collective sequence number {p.collective_seq}) and wait for "
-                    f"rank{'s' if len(present) > 1 else ''} {_names(present)}, which never entered it: "
+                    f"rank{'s' if len(present) > 1 else ''} {rank_list(present)}, which never entered it: "
                     f"{'they wait' if len(present) > 1 else 'it waits'} in {where}, which left no dump. "
-                    f"Rank{'s' if many else ''} {_names(root)} {'are' if many else 'is'} what every blocked "
+                    f"Rank{'s' if many else ''} {rank_list(root)} {'are' if many else 'is'} what every blocked "
                     f"group has in common and cannot answer: the culprit{'s' if many else ''}; "
-                    f"rank{'s' if len(present) > 1 else ''} {_names(present)} "
+                    f"rank{'s' if len(present) > 1 else ''} {rank_list(present)} "
                     f"{'are' if len(present) > 1 else 'is'} waiting, not culprit{'s' if len(present) > 1 else ''}.")
             root_hosts = tuple(dict.fromkeys(hosts[r] for r in root if hosts.get(r)))
             p = replace(p, culprit_ranks=root, culprit_hosts=root_hosts, explanation=text,
@@ -163,7 +155,7 @@ def _corroborated(k: Problem, hang: Problem, peers: list[int]) -> Problem:
     """The crash, now that another group shows its peers blocked: they waited (or failed) on the lost ranks."""
     waiting = tuple(sorted(set(k.waiting_ranks) | set(peers)))
     text = (f"{k.explanation} In group {hang.process_group}, rank{'s' if len(hang.waiting_ranks) > 1 else ''} "
-            f"{_names(hang.waiting_ranks)} wait in {hang.op} (sequence number {hang.collective_seq}) for "
-            f"rank{'s' if len(peers) > 1 else ''} {_names(peers)}, which are held here: the lost "
-            f"rank{'s' if len(k.culprit_ranks) > 1 else ''} {_names(k.culprit_ranks)} stopped both groups.")
+            f"{rank_list(hang.waiting_ranks)} wait in {hang.op} (sequence number {hang.collective_seq}) for "
+            f"rank{'s' if len(peers) > 1 else ''} {rank_list(peers)}, which are held here: the lost "
+            f"rank{'s' if len(k.culprit_ranks) > 1 else ''} {rank_list(k.culprit_ranks)} stopped both groups.")
     return replace(k, waiting_ranks=waiting, explanation=text, confidence=max(k.confidence, 0.8))

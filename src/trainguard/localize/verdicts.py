@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from trainguard.localize.match import GroupAcc, Matcher
 from trainguard.localize.model import EntryView, Problem
+from trainguard.localize.problems import SHOW, Context, group_label, make_problem, plural, rank_list, where
 
 log = logging.getLogger(__name__)
 
@@ -15,70 +15,6 @@ log = logging.getLogger(__name__)
 # collective its receiver never reaches), the one with fewer culprits is the cause.
 _PRIORITY = {"mismatch": 0, "desync": 1, "crash": 2, "hang": 3, "p2p-hang": 3, "incomplete": 5,
              "insufficient-evidence": 6}
-_SHOW = 8  # ranks named in an explanation before "and N more"
-
-
-@dataclass(frozen=True)
-class Context:
-    """What the verdicts need besides the matched entries."""
-
-    world: frozenset[int]
-    """Every rank expected to have a dump (dumps read, 0..max rank, rank map, run events)."""
-    dumped: frozenset[int]
-    """Ranks whose dump was read."""
-    unreadable: frozenset[int]
-    """Ranks whose file exists but could not be read: state unknown, never blamed."""
-    empty: frozenset[int]
-    """Ranks whose dump was read but holds no entry (recorder off): state unknown, never blamed."""
-    hosts: dict[int, str]
-    evidence_files: Callable[[int], tuple[str, ...]]
-    """Rank -> its stacks / log-tail evidence (paths and last lines)."""
-    stopped: frozenset[int] = frozenset()
-    """Ranks the supervisor saw alive but stopped when it gathered the dumps (`trainguard.localize.observed`)."""
-    unanswered: frozenset[int] = frozenset()
-    """Ranks the supervisor saw alive that did not answer its dump request."""
-
-
-def _names(ranks: list[int] | tuple[int, ...]) -> str:
-    shown = ", ".join(str(r) for r in list(ranks)[:_SHOW])
-    more = len(ranks) - _SHOW
-    return f"{shown} and {more} more" if more > 0 else shown
-
-
-def _hosts(ranks: tuple[int, ...], ctx: Context) -> tuple[str, ...]:
-    out: list[str] = []
-    for r in ranks:
-        h = ctx.hosts.get(r)
-        if h and h not in out:
-            out.append(h)
-    return tuple(out)
-
-
-def _where(v: EntryView | None) -> str:
-    if v is None or not v.frames:
-        return ""
-    user = [f for f in v.frames if "torch/distributed" not in f]
-    return f" at {(user or list(v.frames))[0]}"
-
-
-def _label(g: GroupAcc) -> str:
-    return f"group {g.name} ({g.desc})" if g.desc and g.desc != "undefined" else f"group {g.name}"
-
-
-def _problem(g: GroupAcc, members: list[int], ctx: Context, **kw: object) -> Problem:
-    culprits: tuple[int, ...] = kw.pop("culprit_ranks")  # type: ignore[assignment]
-    files: list[str] = []
-    for r in list(culprits)[:4]:
-        files.extend(ctx.evidence_files(r))
-    return Problem(
-        process_group=g.name,
-        process_group_desc=g.desc,
-        group_ranks=tuple(members),
-        culprit_ranks=culprits,
-        culprit_hosts=_hosts(culprits, ctx),
-        evidence_files=tuple(files),
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Context,
@@ -95,27 +31,27 @@ def _divergence(g: GroupAcc, members: list[int], missing: list[int], ctx: Contex
     verdict = "desync" if len(ops) > 1 else "mismatch"
     major = variants[0]
     detail = "; ".join(
-        f"rank{'s' if v.count > 1 else ''} {_names(v.holders)}{' (+more)' if v.count > len(v.holders) else ''}: "
+        f"rank{'s' if v.count > 1 else ''} {rank_list(v.holders)}{' (+more)' if v.count > len(v.holders) else ''}: "
         f"{v.view.op} in {v.view.input_sizes} {v.view.input_dtypes or ''}".rstrip()
         for v in variants
     )
     what = ("called different collectives" if verdict == "desync"
             else "called the same collective with different sizes or dtypes")
     text = (
-        f"In {_label(g)} the ranks {what} at collective sequence number {seq}: {detail}. "
+        f"In {group_label(g)} the ranks {what} at collective sequence number {seq}: {detail}. "
         + ("No majority: the culprit cannot be told apart. " if tie else
            f"The majority ({major.count} rank{'s' if major.count > 1 else ''}) called {major.view.op}; "
-           f"rank{'s' if len(culprits) > 1 else ''} {_names(culprits)} diverged"
-           f"{_where(minority[0].view)} and caused everything after it in this group to fail or hang. ")
+           f"rank{'s' if len(culprits) > 1 else ''} {rank_list(culprits)} diverged"
+           f"{where(minority[0].view)} and caused everything after it in this group to fail or hang. ")
     )
     if missing:
         why = ("gloo aborts a receiver whose incoming message has the wrong size" if gloo
                else "the job failed after it")
-        text += (f"{'Ranks' if len(missing) > 1 else 'Rank'} {_names(missing)} left no dump: the divergence "
+        text += (f"{'Ranks' if len(missing) > 1 else 'Rank'} {rank_list(missing)} left no dump: the divergence "
                  f"explains it ({why}), so {'they are' if len(missing) > 1 else 'it is'} listed as "
                  "a consequence, not a culprit.")
     waiting = tuple(sorted(r for r, st in g.ranks.items() if any(not a.is_p2p for a in st.active)))
-    return _problem(
+    return make_problem(
         g, members, ctx, verdict=verdict, collective_seq=seq, op=major.view.op, culprit_ranks=culprits,
         waiting_ranks=waiting, consequence_ranks=tuple(missing), explanation=text.strip(),
         evidence=tuple(v.view for v in variants[:6]), confidence=0.5 if tie else 0.95,
@@ -152,13 +88,13 @@ def _progress(g: GroupAcc, r: int, gloo: bool) -> _Progress:
         # them, so a counter beyond that entry means at least one more collective was enqueued.
         if 0 <= st.last_op_id < enq:
             return _Progress(seq + 1, fin >= enq, None,
-                             f"newest entries of rank {r} in {_label(g)}: pg_status counts op {enq} enqueued, "
+                             f"newest entries of rank {r} in {group_label(g)}: pg_status counts op {enq} enqueued, "
                              f"the entries end at op {st.last_op_id}")
     elif enq > seq and st.last_p2p_seq < 0:
         # NCCL counts collectives by sequence number, but names a p2p sequence number after a send/recv:
         # only read where this rank recorded no send/recv in the group.
         return _Progress(enq, fin >= enq, None,
-                         f"newest entries of rank {r} in {_label(g)}: pg_status counts collective {enq} "
+                         f"newest entries of rank {r} in {group_label(g)}: pg_status counts collective {enq} "
                          f"enqueued, the entries end at {seq}")
     return _Progress(seq, done, view)
 
@@ -181,19 +117,19 @@ def _p2p_line(g: GroupAcc, present: list[int]) -> str:
     if not unrec:
         return ""
     who = [r for r, _ in unrec]
-    counts = ", ".join(str(n) for _, n in unrec[:_SHOW])
-    return (f"send/recv in {_label(g)}: gloo records none; op ids count {sum(n for _, n in unrec)} since the "
-            f"group was created (rank{'s' if len(who) > 1 else ''} {_names(who)}: {counts})")
+    counts = ", ".join(str(n) for _, n in unrec[:SHOW])
+    return (f"send/recv in {group_label(g)}: gloo records none; op ids count {sum(n for _, n in unrec)} since the "
+            f"group was created (rank{'s' if len(who) > 1 else ''} {rank_list(who)}: {counts})")
 
 
 def _p2p_sentence(who: list[int], behind: tuple[int, ...]) -> str:
     """The explanation's sentence about gloo's unrecorded send/recv of ranks ``who``."""
     if not who:
         return ""
-    text = (f" gloo records no send/recv, but op ids show that rank{'s' if len(who) > 1 else ''} {_names(who)} "
+    text = (f" gloo records no send/recv, but op ids show that rank{'s' if len(who) > 1 else ''} {rank_list(who)} "
             "also sent or received between collectives")
     if len(behind) > 1:
-        text += (f": ranks {_names(behind)} may be blocked in a send or receive (with one another or with a rank "
+        text += (f": ranks {rank_list(behind)} may be blocked in a send or receive (with one another or with a rank "
                  "ahead), which the dumps cannot show, so which of them stopped first cannot be told from them; "
                  "their stacks show where each one waits.")
     elif behind:
@@ -209,16 +145,16 @@ def _skipped(g: GroupAcc, members: list[int], ctx: Context, odd: list[int], behi
     """gloo: ranks whose op ids show one send/recv fewer than usual before their last collective, while
     other ranks never reached it: most likely those wait for the op they skipped."""
     gaps = "; ".join(f"rank {r}: {g.ranks[r].recent_gaps[-1]} instead of at least {min(g.ranks[r].recent_gaps[:-1])}"
-                     for r in odd[:_SHOW])
+                     for r in odd[:SHOW])
     many = len(odd) > 1
-    text = (f"In {_label(g)}, rank{'s' if many else ''} {_names(odd)} sent or received fewer times before "
+    text = (f"In {group_label(g)}, rank{'s' if many else ''} {rank_list(odd)} sent or received fewer times before "
             f"{'their' if many else 'its'} last collective than before each earlier one (send/recv left out of "
             f"gloo's record, counted from op ids: {gaps}), and rank{'s' if len(behind) > 1 else ''} "
-            f"{_names(behind)} never reached collective {top}. gloo records no send/recv, so the waiting op "
+            f"{rank_list(behind)} never reached collective {top}. gloo records no send/recv, so the waiting op "
             f"itself is not in the dumps, but in a steady loop this means rank{'s' if many else ''} "
-            f"{_names(odd)} skipped a send or receive that a lagging rank waits for.")
+            f"{rank_list(odd)} skipped a send or receive that a lagging rank waits for.")
     evidence = tuple(st.last for r in odd[:3] if (st := g.ranks.get(r)) is not None and st.last is not None)
-    return _problem(
+    return make_problem(
         g, members, ctx, verdict="p2p-hang", collective_seq=None, op="send/recv", culprit_ranks=tuple(odd),
         waiting_ranks=behind, consequence_ranks=(), explanation=text, evidence=evidence, confidence=0.6,
         missing_records=(p2p_line,) if p2p_line else (),
@@ -228,10 +164,10 @@ def _skipped(g: GroupAcc, members: list[int], ctx: Context, odd: list[int], behi
 def _unknown_sentence(unreadable: list[int], empty: list[int]) -> str:
     out = ""
     if unreadable:
-        out += (f" Rank{'s' if len(unreadable) > 1 else ''} {_names(unreadable)} could not be read (unreadable "
+        out += (f" Rank{'s' if len(unreadable) > 1 else ''} {rank_list(unreadable)} could not be read (unreadable "
                 "dump): state unknown.")
     if empty:
-        out += (f" The dump{'s' if len(empty) > 1 else ''} of rank{'s' if len(empty) > 1 else ''} {_names(empty)} "
+        out += (f" The dump{'s' if len(empty) > 1 else ''} of rank{'s' if len(empty) > 1 else ''} {rank_list(empty)} "
                 "hold no entries: state unknown.")
     return out
 
@@ -284,36 +220,32 @@ _Finding = tuple[str, float, str, tuple[int, ...], tuple[str, ...]]
 """(verdict, confidence, explanation, culprit ranks, further records the verdict would need)."""
 
 
-def _plural(items: list[int] | tuple[int, ...]) -> str:
-    return "s" if len(items) > 1 else ""
-
-
 def _behind_hang(s: _Standoff, g: GroupAcc, members: list[int], ctx: Context, present: list[int], gloo: bool,
                  extra: list[Problem]) -> _Finding:
     """Some members wait in the collective and others never entered it: those are the culprits."""
     behind, waiting, culprits = s.behind, s.waiting, tuple(sorted(set(s.behind) | set(s.missing)))
-    lag = ", ".join(f"rank {r} at {s.progress[r].seq if s.progress[r].seq >= 0 else 'none'}" for r in behind[:_SHOW])
+    lag = ", ".join(f"rank {r} at {s.progress[r].seq if s.progress[r].seq >= 0 else 'none'}" for r in behind[:SHOW])
     if s.failed:
-        text = (f"In {s.label}, rank{_plural(waiting)} {_names(waiting)} entered {s.op} (collective "
+        text = (f"In {s.label}, rank{plural(waiting)} {rank_list(waiting)} entered {s.op} (collective "
                 f"sequence number {s.top}) and gloo retired it, which it does for failed work too; "
-                f"rank{_plural(behind)} {_names(behind)} never entered it (last entered: "
+                f"rank{plural(behind)} {rank_list(behind)} never entered it (last entered: "
                 f"{lag}), and a collective cannot finish without every member, so it failed there "
                 "(most likely timed out waiting). ")
     else:
-        text = (f"In {s.label}, rank{_plural(waiting)} {_names(waiting)} entered {s.op} (collective "
+        text = (f"In {s.label}, rank{plural(waiting)} {rank_list(waiting)} entered {s.op} (collective "
                 f"sequence number {s.top}) and wait{'s' if len(waiting) == 1 else ''} in it; "
-                f"rank{_plural(behind)} {_names(behind)} never entered it (last entered: "
+                f"rank{plural(behind)} {rank_list(behind)} never entered it (last entered: "
                 f"{lag}). ")
     text += ("They are the culprits: their stacks show what they do instead." if len(behind) > 1 else
              "It is the culprit: its stack shows what it does instead.")
     odd = [r for r in _irregular(g, present) if r not in culprits] if gloo else []
     if odd:
         extra.append(_skipped(g, members, ctx, odd, behind, s.top, s.p2p_line))
-        text += (f" Rank{_plural(odd)} {_names(odd)} most likely skipped a send or "
+        text += (f" Rank{plural(odd)} {rank_list(odd)} most likely skipped a send or "
                  "receive (see the p2p-hang).")
     text += s.p2p_text
     if s.missing:
-        text += f" Rank{_plural(s.missing)} {_names(s.missing)} left no dump."
+        text += f" Rank{plural(s.missing)} {rank_list(s.missing)} left no dump."
     text += s.unknown_text
     return "hang", (0.7 if s.failed or s.p2p_line else 0.9), text, culprits, ()
 
@@ -324,13 +256,13 @@ def _silent_live_ranks(s: _Standoff, ctx: Context) -> _Finding:
     silent = [r for r in s.missing if r not in ctx.stopped]
     how = []
     if stopped:
-        how.append(f"rank{_plural(stopped)} {_names(stopped)} {'was' if len(stopped) == 1 else 'were'} alive "
+        how.append(f"rank{plural(stopped)} {rank_list(stopped)} {'was' if len(stopped) == 1 else 'were'} alive "
                    "but stopped (SIGSTOP or a debugger)")
     if silent:
-        how.append(f"rank{_plural(silent)} {_names(silent)} {'was' if len(silent) == 1 else 'were'} running "
+        how.append(f"rank{plural(silent)} {rank_list(silent)} {'was' if len(silent) == 1 else 'were'} running "
                    "but did not answer the dump request")
-    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} wait in {s.op} "
-            f"(collective sequence number {s.top}) for rank{_plural(s.missing)} {_names(s.missing)}, which "
+    text = (f"In {s.label}, rank{plural(s.waiting)} {rank_list(s.waiting)} wait in {s.op} "
+            f"(collective sequence number {s.top}) for rank{plural(s.missing)} {rank_list(s.missing)}, which "
             f"left no dump: when the supervisor asked, {' and '.join(how)}. "
             f"{'They are' if len(s.missing) > 1 else 'It is'} the culprit." + s.unknown_text)
     return "hang", 0.9, text, tuple(sorted(s.missing)), ()
@@ -338,9 +270,9 @@ def _silent_live_ranks(s: _Standoff, ctx: Context) -> _Finding:
 
 def _crash_before_dump(s: _Standoff) -> _Finding:
     """Every dumped member waits, and members without a dump never answered: they died."""
-    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} wait in {s.op} "
-            f"(collective sequence number {s.top}) for rank{_plural(s.missing)} "
-            f"{_names(s.missing)}, which left no dump: the process died (or was killed) before "
+    text = (f"In {s.label}, rank{plural(s.waiting)} {rank_list(s.waiting)} wait in {s.op} "
+            f"(collective sequence number {s.top}) for rank{plural(s.missing)} "
+            f"{rank_list(s.missing)}, which left no dump: the process died (or was killed) before "
             "it could be asked for one." + s.unknown_text)
     return "crash", 0.9, text, tuple(sorted(s.missing)), ()
 
@@ -352,19 +284,19 @@ def _unknown_members(s: _Standoff) -> _Finding:
     unknown = sorted(set(unreadable) | set(empty))
     what = []
     if unreadable:
-        what.append(f"the dump{_plural(unreadable)} of rank{_plural(unreadable)} {_names(unreadable)} "
+        what.append(f"the dump{plural(unreadable)} of rank{plural(unreadable)} {rank_list(unreadable)} "
                     "could not be read")
     if empty:
-        what.append(f"the dump{_plural(empty)} of rank{_plural(empty)} {_names(empty)} hold no entries")
+        what.append(f"the dump{plural(empty)} of rank{plural(empty)} {rank_list(empty)} hold no entries")
     many = len(unknown) > 1
-    text = (f"In {s.label}, rank{_plural(s.waiting)} {_names(s.waiting)} entered {s.op} "
+    text = (f"In {s.label}, rank{plural(s.waiting)} {rank_list(s.waiting)} entered {s.op} "
             f"(collective sequence number {s.top}) and wait{'s' if len(s.waiting) == 1 else ''} in it; "
             f"{' and '.join(what)}, so whether {'they' if many else 'it'} entered it is "
             f"unknown: {'they are' if many else 'it is'} the suspect"
             f"{'s' if many else ''}. Check {'their' if many else 'its'} "
             "stacks and logs, or gather the dumps again.")
     # unreadable files: incomplete (as for the whole report); readable but empty: the records lack it
-    records = (f"entries of rank{_plural(empty)} {_names(empty)}",) if empty else ()
+    records = (f"entries of rank{plural(empty)} {rank_list(empty)}",) if empty else ()
     return ("incomplete" if unreadable else "insufficient-evidence"), 0.5, text, tuple(unknown), records
 
 
@@ -374,8 +306,8 @@ def _stuck_inside(s: _Standoff, gloo: bool) -> _Finding | None:
     sched = tuple(v.rank for v in s.waiting_views if v.state == "scheduled")
     if started and sched:
         text = (f"In {s.label} every member entered {s.op} (sequence number {s.top}), but on rank"
-                f"{_plural(sched)} {_names(sched)} the operation never started on the "
-                f"device while it started on {_names(started)}: the device or its stream is stuck "
+                f"{plural(sched)} {rank_list(sched)} the operation never started on the "
+                f"device while it started on {rank_list(started)}: the device or its stream is stuck "
                 "there (a faulty GPU or an earlier kernel that never finished).")
         return "hang", 0.7, text, sched, ()
     if not gloo and any(v.retired for v in s.waiting_views):
@@ -403,7 +335,7 @@ def _standoff(g: GroupAcc, members: list[int], missing: list[int], ctx: Context,
     empty = [r for r in members if r in ctx.empty]
     # a lagging rank that sends or receives anywhere may be blocked in it, unseen
     p2p_text = _p2p_sentence(sorted(p2p_ranks & set(present)) if set(behind) & p2p_ranks else [], behind)
-    return _Standoff(label=_label(g), op=op, top=top, progress=progress, behind=behind, waiting=waiting,
+    return _Standoff(label=group_label(g), op=op, top=top, progress=progress, behind=behind, waiting=waiting,
                      waiting_views=waiting_views, failed=failed, missing=missing, unreadable=unreadable,
                      empty=empty, unknown_text=_unknown_sentence(unreadable, empty),
                      p2p_line=_p2p_line(g, present) if gloo else "", p2p_text=p2p_text)
@@ -441,7 +373,7 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
             return None
         verdict, conf, text, culprits, more_records = found
         last_of_behind = [st.last for r in s.behind[:3] if (st := g.ranks.get(r)) and st.last]
-        return _problem(
+        return make_problem(
             g, members, ctx, verdict=verdict, collective_seq=s.top, op=s.op, culprit_ranks=culprits,
             waiting_ranks=s.waiting, consequence_ranks=(), explanation=text,
             evidence=(*last_of_behind, *s.waiting_views[:3]), confidence=conf,
@@ -451,22 +383,22 @@ def _stuck(g: GroupAcc, members: list[int], missing: list[int], ctx: Context, gl
         # The peers' work is retired, yet the ranks without a dump were alive and silent when asked:
         # they stopped, and the others wait (or failed) on them.
         how = "stopped (SIGSTOP or a debugger)" if set(missing) <= ctx.stopped else "alive but silent"
-        text = (f"Rank{_plural(missing)} {_names(missing)} of {s.label} left no dump: when the supervisor asked, "
+        text = (f"Rank{plural(missing)} {rank_list(missing)} of {s.label} left no dump: when the supervisor asked, "
                 f"{'it was' if len(missing) == 1 else 'they were'} {how}; the others last entered {s.op} "
                 f"(collective sequence number {s.top}) and cannot go on without "
                 f"{'it' if len(missing) == 1 else 'them'}. {'It is' if len(missing) == 1 else 'They are'} "
                 "the culprit.")
-        return _problem(
+        return make_problem(
             g, members, ctx, verdict="hang", collective_seq=s.top, op=s.op, culprit_ranks=tuple(missing),
             waiting_ranks=(), consequence_ranks=(), explanation=text, evidence=(), confidence=0.8,
             missing_records=records,
         )
     if missing and gloo:
-        text = (f"Rank{_plural(missing)} {_names(missing)} of {s.label} left no dump; "
+        text = (f"Rank{plural(missing)} {rank_list(missing)} of {s.label} left no dump; "
                 f"the others last entered {s.op} (collective sequence number {s.top}). gloo records no "
                 "completion times and retires failed work too, so whether the peers finished it or "
                 "failed on the lost connection cannot be read from the dumps: most likely the rank died.")
-        return _problem(
+        return make_problem(
             g, members, ctx, verdict="crash", collective_seq=s.top, op=s.op, culprit_ranks=tuple(missing),
             waiting_ranks=(), consequence_ranks=(), explanation=text, evidence=(), confidence=0.6,
             missing_records=records,
@@ -507,18 +439,19 @@ def _p2p(g: GroupAcc, members: list[int], ctx: Context, busy: set[int]) -> Probl
     waiting.sort(key=lambda v: (v.rank, v.seq))
     first = next((v for v in waiting if v.peer in culprits), waiting[0])
     lines = "; ".join(
-        f"rank {v.rank} posted {v.op} {'to' if v.op == 'send' else 'from'} rank {v.peer}{_where(v)}"
-        for v in waiting[:_SHOW]
+        f"rank {v.rank} posted {v.op} {'to' if v.op == 'send' else 'from'} rank {v.peer}{where(v)}"
+        for v in waiting[:SHOW]
     )
     chain = sorted(unmatched - culprits)
-    text = (f"In {_label(g)} a point-to-point operation waits for a peer that never posted the matching "
-            f"one: {lines}. The peer{'s' if len(culprits) > 1 else ''} {_names(sorted(culprits))} "
+    text = (f"In {group_label(g)} a point-to-point operation waits for a peer that never posted the matching "
+            f"one: {lines}. The peer{'s' if len(culprits) > 1 else ''} {rank_list(sorted(culprits))} "
             "did not post the matching send/recv.")
     if chain:
         many = len(chain) > 1
-        text += (f" Rank{'s' if many else ''} {_names(chain)} did not either, but {'they wait' if many else 'it waits'}"
-                 f" in an op of {'their' if many else 'its'} own that comes first: a consequence.")
-    return _problem(
+        text += (f" Rank{'s' if many else ''} {rank_list(chain)} did not either, but "
+                 f"{'they wait' if many else 'it waits'} in an op of {'their' if many else 'its'} own that comes "
+                 "first: a consequence.")
+    return make_problem(
         g, members, ctx, verdict="p2p-hang", collective_seq=first.seq, op=first.op,
         culprit_ranks=tuple(sorted(culprits)), waiting_ranks=tuple(sorted({v.rank for v in waiting})),
         consequence_ranks=(), explanation=text, evidence=tuple(waiting[:6]), confidence=0.85,
@@ -569,7 +502,7 @@ def missing_records(ctx: Context, notes: list[Gap]) -> tuple[list[str], bool]:
     decisive = any(n.hides for n in notes)
     empty = sorted(ctx.empty)
     if empty:
-        lines.insert(0, f"entries of rank{'s' if len(empty) > 1 else ''} {_names(empty)}: the dump"
+        lines.insert(0, f"entries of rank{'s' if len(empty) > 1 else ''} {rank_list(empty)}: the dump"
                         f"{'s hold' if len(empty) > 1 else ' holds'} none (flight recorder off, e.g. "
                         "TORCH_FR_BUFFER_SIZE=0, or a counters-only dump)")
         decisive = True
