@@ -9,23 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from trainguard.health.lemon import HostRecordLike
 
 FLAPPING_RUNS = 2
 """Runs with transient errors on one link that make it ``flapping``."""
-
-
-class LinkRecordLike(Protocol):
-    @property
-    def host(self) -> str: ...
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def time(self) -> float: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def detail(self) -> str: ...
 
 
 @dataclass
@@ -50,7 +39,7 @@ class LinkHistory:
                 "flapped_runs": len(self.flapped_runs), "flapping": self.flapping, "last_seen": self.last_seen}
 
 
-def summarize(records: Iterable[LinkRecordLike]) -> list[LinkHistory]:
+def summarize(records: Iterable[HostRecordLike]) -> list[LinkHistory]:
     """One entry per (host, link), the most troubled first (failed runs, then flapped runs, then name)."""
     by_link: dict[tuple[str, str], LinkHistory] = {}
     for r in records:
