@@ -121,11 +121,7 @@ class GuardAgent(ElasticAgentBase):
         self.leader = False
         self.run_started_written = False
         self.excluded_reason: str | None = None
-        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store, self.signer)
-        self.failures = self.recorder.failures
-        """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
-        self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
-        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.launch.corruption`)."""
+        self._init_failure_path(cfg, tuple(spec.args))
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
@@ -134,10 +130,18 @@ class GuardAgent(ElasticAgentBase):
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
         self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
-        _preload_failure_path()
-        self.inprocess = InProcessRestarts.build(cfg, tuple(spec.args))
-        """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
         self.beat.start()
+
+    def _init_failure_path(self, cfg: SupervisorConfig, worker_args: tuple[str, ...]) -> None:
+        """What a failure goes through: its records, the corruption response, in-process restarts."""
+        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store, self.signer)
+        self.failures = self.recorder.failures
+        """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
+        self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
+        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.launch.corruption`)."""
+        _preload_failure_path()
+        self.inprocess = InProcessRestarts.build(cfg, worker_args)
+        """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
 
     def _straggler_watch(self, spec: Any) -> AgentWatch:
         """Telemetry and the straggler policy (`trainguard.stragglers.watch.AgentWatch`)."""
