@@ -9,6 +9,8 @@ and the monitor round of torch's base agent.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +26,7 @@ from trainguard.eventlog import iter_events
 from trainguard.events import AttemptEnded, AttemptStarted, FailureDetected, InProcessRecovery
 from trainguard.launch.agent import GuardAgent
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.watchdog import Verdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,3 +204,23 @@ def test_corruption_found_during_an_in_process_try_abandons_it(make_agent: Any) 
     events = _events(agent)
     assert [e.kind for e in events if isinstance(e, FailureDetected)] == ["exit", "sdc"]
     assert [e.status for e in events if isinstance(e, InProcessRecovery)] == ["fallback"]
+
+
+def test_a_hang_under_in_process_kills_and_replaces_the_blamed_rank(make_agent: Any) -> None:
+    agent, wg, workers = make_agent(SLEEP, SLEEP, in_process=True, max_restarts=3)
+    stuck, survivor = workers._procs[1], workers._procs[0]
+    os.kill(stuck.pid, signal.SIGSTOP)  # a stopped rank: the blame rule names it from its process state
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{stuck.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        assert time.monotonic() < deadline, "the rank did not stop"
+        time.sleep(0.01)
+    now = time.monotonic()
+    verdict = Verdict(ranks=(0, 1), onset_mono=now - 10, timeout_seconds=4.0, last_steps={0: 5, 1: 5},
+                      reason="no step for 10s", stale_ranks=(1,))
+    assert agent._on_hang(wg, verdict, time.time(), now).state == WorkerState.HEALTHY
+    assert stuck.poll() is not None and survivor.poll() is None  # killed (it was still alive), the other kept
+    assert [lr for lr, _ in workers.replaced] == [1]
+    assert agent.attempt == 1 and agent.restarts_left() == 2
+    assert agent.inprocess is not None and agent.inprocess.pending is not None
+    assert agent.inprocess.pending.kind == "hang" and agent.inprocess.pending.ranks == (1,)
+    assert [(e.kind, e.ranks) for e in _events(agent) if isinstance(e, FailureDetected)] == [("hang", (1,))]
