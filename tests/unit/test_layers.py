@@ -16,7 +16,7 @@ PURE = (
     "events", "eventlog", "protocol", "rundir", "names", "safefs", "errors", "clocks", "taxonomy", "goodput",
     "plausibility", "resume", "lemon", "sdc", "thermal", "power", "interval_theory", "localize", "classify", "sim",
     "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame", "launch.policy",
-    "launch.budget",
+    "launch.budget", "launch.attempts",
 )
 """Modules (or packages) that must run without torch and without the web stack."""
 HEAVY = ("torch", "trainguard.torch_api", "starlette", "uvicorn", "jinja2", "plotly", "prometheus_client")
