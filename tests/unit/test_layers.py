@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
 PURE = (
     "core", "errors", "accounting", "health.lemon", "health.fleetdb", "sdc.verdict", "telemetry",
     "localize", "classify", "sim", "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame",
-    "launch.policy", "launch.budget", "launch.settings",
+    "launch.policy", "launch.budget", "launch.settings", "launch.attempts",
 )
 """Modules (or packages) that must run without torch and without the web stack."""
 HEAVY = ("torch", "trainguard.torch_api", "starlette", "uvicorn", "jinja2", "plotly", "prometheus_client")

@@ -2,11 +2,11 @@
 
 A thin adapter over `trainguard.torch_api.elastic.ElasticAgentBase` (torch's LocalElasticAgent with its
 private hooks as named methods): the elastic agent keeps doing what it does well (c10d rendezvous across
-nodes, starting and restarting the local workers); the decisions live in pure modules (`watchdog`: is the
-job hung, `blame`: who caused it, `policy`: restart or stop, `budget`: restarts left, `stop`: how workers
-end) and the work in helper modules (`admission`: may this node join, `failures`: evidence, classification
-and the failure records, `corruption`: silent data corruption, `nodes`: lost peers, `inprocess`: in-process
-restarts). Hooks:
+nodes, starting and restarting the local workers); the decisions live in pure modules (`attempts`: what
+happens next after each event, with the attempt number, the restart budget and the no-progress rule;
+`watchdog`: is the job hung, `blame`: who caused it, `stop`: how workers end) and the work in helper
+modules (`admission`: may this node join, `failures`: evidence, classification and the failure records,
+`corruption`: silent data corruption, `nodes`: lost peers, `inprocess`: in-process restarts). Hooks:
 
 * `on_rendezvous`: before every (re)start, applies node-level chaos, runs health checks and leaves the job
   (`NodeExcludedExit`) when a high-severity check fails or the host is a known lemon (`admission`);
@@ -15,6 +15,9 @@ restarts). Hooks:
   gathers evidence from every live rank *before* returning the failure, since the base agent SIGTERMs the
   workers as soon as it sees one;
 * `on_restart_workers`: charges the budget and closes the attempt's records when a peer node forced it;
+
+Each failure, hand-over and health-gate result becomes an `attempts` event; the agent carries out the
+decision `Attempts.decide` returns (an `InProcess` one through `InProcessRestarts`).
 * `on_shutdown` (on restarts and at the end): SIGCONT, SIGTERM, our short grace, SIGKILL
   (`trainguard.launch.stop`) instead of torch's 30 s wait.
 """
@@ -28,7 +31,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
@@ -37,9 +40,9 @@ from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
 from trainguard.core.protocol import Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.core.safefs import make_dirs
-from trainguard.launch import admission, blame, evidence, nodes
+from trainguard.launch import admission, attempts, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
-from trainguard.launch.budget import RestartBudget
+from trainguard.launch.attempts import Attempts
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.failures import (
     FailureRecorder,
@@ -53,7 +56,7 @@ from trainguard.launch.framework_progress import FrameworkCheckpoints
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.lifetime import ProcessTracker
 from trainguard.launch.logs import RunDirLogs
-from trainguard.launch.policy import AttemptOutcome, NoProgressRule
+from trainguard.launch.policy import AttemptOutcome
 from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
@@ -62,6 +65,9 @@ from trainguard.sdc import verdict as sdc
 from trainguard.sdc.response import CorruptionResponse
 from trainguard.torch_api.elastic import ElasticAgentBase
 from trainguard.torch_api.features import probe
+
+if TYPE_CHECKING:
+    from trainguard.stragglers.watch import AgentWatch
 
 __all__ = ["GuardAgent", "NodeExcludedExit", "latest_checkpoint"]
 
@@ -77,6 +83,15 @@ def _auto_instrument_path() -> str | None:
     return str(site_dir())
 
 
+def _preload_failure_path() -> None:
+    """Import now what the first failure needs, not inside the restart's critical path."""
+    for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # e.g. google-re2 missing: failures are then recorded unclassified
+            log.error("%s unavailable (%s): failures will be recorded without it", name, exc)
+
+
 class GuardAgent(ElasticAgentBase):
     """One per node. Build with `trainguard.launch.supervisor.supervise`."""
 
@@ -88,26 +103,18 @@ class GuardAgent(ElasticAgentBase):
         self.lifetime = lifetime or ProcessTracker()
         """The marker in the workers' environment, and the sweeps of processes that outlive their worker."""
         self.layout = cfg.layout
-        self.attempt = -1
+        self.ledger = Attempts(cfg.max_restarts, cfg.max_no_progress_attempts, in_process=cfg.in_process)
+        """The attempt number, the restart budget and every decision after a failure (`trainguard.launch.attempts`)."""
         self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
         """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""
         super().__init__(spec, logs_specs=self.run_logs, exit_barrier_timeout=120,
                          shutdown_timeout=max(1, round(cfg.stop_grace_seconds)),
                          log_line_prefix=getattr(cfg, "log_line_prefix", None))
-        self.budget = RestartBudget(cfg.max_restarts)
-        """Restarts left (`trainguard.launch.budget`); torch's own counter is set from it."""
         self.events = EventWriter(self.layout.agent_events(cfg.node_id))
         self.signer = job_signer(cfg.run_dir)
         """Signs trainguard's keys in the rendezvous store (`trainguard.launch.store_auth`)."""
-        from trainguard.stragglers.handover import StoreHandover
-        from trainguard.stragglers.watch import AgentWatch, WatchSettings  # telemetry and the straggler policy
-
-        settings = WatchSettings.resolve(cfg.straggler_policy, cfg.straggler_probe_seconds, cfg.telemetry_seconds)
-        self.watch = AgentWatch(self.layout, cfg.node_id, self.emit, settings,
-                                handover=StoreHandover(self.rendezvous_store, cfg.run_id, spec.rdzv_handler,
-                                                       self.signer))
+        self.watch = self._straggler_watch(spec)
         self.watchdog = Watchdog(cfg.watchdog)
-        self.policy = NoProgressRule(cfg.max_no_progress_attempts, cfg.max_restarts)
         self.framework_checkpoints = FrameworkCheckpoints(self.layout)
         """The script's framework's own saves (its adapter's records): progress for the no-progress rule."""
         self.faults = chaos.parse_spec(cfg.chaos)
@@ -115,11 +122,7 @@ class GuardAgent(ElasticAgentBase):
         self.leader = False
         self.run_started_written = False
         self.excluded_reason: str | None = None
-        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store, self.signer)
-        self.failures = self.recorder.failures
-        """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
-        self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
-        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
+        self._init_failure_path(cfg, tuple(spec.args))
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
@@ -128,28 +131,46 @@ class GuardAgent(ElasticAgentBase):
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
         self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
-        for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
-            # import now what the first failure needs, not inside the restart's critical path
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:  # e.g. google-re2 missing: failures are then recorded unclassified
-                log.error("%s unavailable (%s): failures will be recorded without it", name, exc)
-        self.inprocess = InProcessRestarts.build(cfg, tuple(spec.args))
-        """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
         self.beat.start()
+
+    def _init_failure_path(self, cfg: SupervisorConfig, worker_args: tuple[str, ...]) -> None:
+        """What a failure goes through: its records, the corruption response, in-process restarts."""
+        self.recorder = FailureRecorder(cfg, self.emit, self.rendezvous_store, self.signer)
+        self.failures = self.recorder.failures
+        """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
+        self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
+        """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
+        _preload_failure_path()
+        self.inprocess = InProcessRestarts.build(cfg, worker_args)
+        """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
+
+    def _straggler_watch(self, spec: Any) -> AgentWatch:
+        """Telemetry and the straggler policy (`trainguard.stragglers.watch.AgentWatch`)."""
+        from trainguard.stragglers.handover import StoreHandover
+        from trainguard.stragglers.watch import AgentWatch, WatchSettings
+
+        cfg = self.cfg
+        settings = WatchSettings.resolve(cfg.straggler_policy, cfg.straggler_probe_seconds, cfg.telemetry_seconds)
+        return AgentWatch(self.layout, cfg.node_id, self.emit, settings,
+                          handover=StoreHandover(self.rendezvous_store, cfg.run_id, spec.rdzv_handler, self.signer))
 
     # --- helpers --------------------------------------------------------------------------------
 
     @property
+    def attempt(self) -> int:
+        """The current attempt (`Attempts.number`; -1 before the first rendezvous)."""
+        return self.ledger.number
+
+    @property
     def stop_reason(self) -> str | None:
         """Why restarts stopped before the budget was spent (the no-progress rule, torch), or None."""
-        return self.budget.stop_reason
+        return self.ledger.stop_reason
 
     def restarts_left(self) -> int:
-        return self.budget.remaining()
+        return self.ledger.restarts_left()
 
     def on_torch_stopped_restarts(self) -> None:
-        self.budget.stop("torch disabled restarts (a worker stuck in uninterruptible sleep)")
+        self.ledger.torch_stopped()
 
     def emit(self, record: Event) -> None:
         self.events.write(record)
@@ -181,35 +202,39 @@ class GuardAgent(ElasticAgentBase):
         bad = admission.exclusion_reasons(self.cfg, self.attempt, self.emit)
         bad.extend(self.watch.exclusion_reasons(self.attempt))
         bad.extend(self.corruption.exclusion_reasons(self.attempt))
-        if bad:
-            self.excluded_reason = "; ".join(bad)
-            admission.exclude(self.cfg.node_id, self.attempt, self.excluded_reason,
+        decision = self.ledger.decide(attempts.HealthGate(tuple(bad)))
+        if isinstance(decision, attempts.Exclude):
+            self.excluded_reason = decision.reason
+            admission.exclude(self.cfg.node_id, self.attempt, decision.reason,
                               self.get_worker_group().spec.rdzv_handler, self.emit)
 
     def on_rendezvous(self, worker_group: WorkerGroup) -> None:
         self.signals.check()
-        self.attempt += 1
+        self.ledger.rendezvous()
         admission.apply_node_chaos(self.faults, self.cfg, self.attempt, self.emit)
         self._health_gate()
         self.signals.check()  # health checks guard themselves with `except Exception`
         first = self.attempt == 0
         self.torch_rendezvous(worker_group)
         if first:  # a spare joining a running job continues the job's attempt numbers
-            self.attempt = max(self.attempt, admission.attempts_ended(self.layout))
+            self.ledger.joined(admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
         self.leader = worker_group.group_rank == 0
         # Only the first attempt's leader starts the run: one that took over from a lost leader must not.
         if self.leader and self.attempt == 0 and not self.run_started_written:
-            self.run_started_written = True
-            ws = worker_group.workers[0].world_size if worker_group.workers else 0
-            config = self.cfg.to_json()
-            # Readers of the run (reports, the lead's console) must know whether hangs can be detected at all:
-            # without automatic instrumentation only scripts calling trainguard.attach() send progress.
-            config["progress_signals_expected"] = self.cfg.auto_instrument
-            config["torch"] = probe().to_json()  # what this torch offers (docs/compatibility.md)
-            self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
-                                 world_size=ws, nnodes=worker_group.group_world_size or 1,
-                                 target_steps=self.cfg.target_steps, config=config))
+            self._write_run_started(worker_group)
+
+    def _write_run_started(self, worker_group: WorkerGroup) -> None:
+        self.run_started_written = True
+        ws = worker_group.workers[0].world_size if worker_group.workers else 0
+        config = self.cfg.to_json()
+        # Readers of the run (reports, the lead's console) must know whether hangs can be detected at all:
+        # without automatic instrumentation only scripts calling trainguard.attach() send progress.
+        config["progress_signals_expected"] = self.cfg.auto_instrument
+        config["torch"] = probe().to_json()  # what this torch offers (docs/compatibility.md)
+        self.emit(RunStarted(time=self.start_time, host=self.cfg.node_id, run_id=self.cfg.run_id,
+                             world_size=ws, nnodes=worker_group.group_world_size or 1,
+                             target_steps=self.cfg.target_steps, config=config))
 
     def worker_environ(self) -> dict[str, str]:
         env = WorkerEnv(
@@ -299,36 +324,43 @@ class GuardAgent(ElasticAgentBase):
         early = self._exited_early(worker_group)
         if early and self._early is None:
             wall, mono = time.time(), time.monotonic()
-            ev = self._gather(worker_group, set(early))
-            self._early = (early, ev, wall, mono)
+            self._early = (early, self._gather(worker_group, set(early)), wall, mono)
             if self.inprocess is not None:  # only the failed ranks get new processes, if it can be done
-                return self.inprocess.after_exit(self, worker_group)
+                return self._on_exit_in_process(worker_group)
             # The base poll below would close the survivors with torch's 30 s SIGTERM wait (and never resume
             # a stopped one): end them our way first, now that their evidence is in. A worker failing between
             # our poll and the base's (microseconds) still gets torch's close.
             self.stop_local_workers(signal.SIGTERM)
         result = self.torch_monitor(worker_group)
         if result.state == WorkerState.HEALTHY:
-            fell_back = self.inprocess.poll(self, worker_group) if self.inprocess is not None else None
-            if fell_back is not None:
-                return fell_back
-            mono = time.monotonic()
-            beats = self._read_beats(worker_group)
-            lost = self._node_watch(worker_group, beats, mono)
-            if lost:
-                return self._on_node_lost(worker_group, lost, time.time())
-            finished = self._finished(worker_group)
-            verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
-            if verdict is None:
-                self._last_alive_mono = mono
-                leave = self.watch.poll(lambda: live_ranks(worker_group, set()), self.leader)
-                return result if leave is None else self._leave_for_spare(leave)
-            return self._on_hang(worker_group, verdict, time.time(), mono)
+            return self._watch_healthy(worker_group, result)
         if result.state == WorkerState.FAILED:
             return self._on_exit(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self.close_attempt("completed", 0)
         return result
+
+    def _watch_healthy(self, wg: WorkerGroup, result: RunResult) -> RunResult:
+        """A round in which no worker failed: the pending in-process restart, lost peers, the watchdog and the
+        straggler policy, in that order."""
+        if self.inprocess is not None:
+            done = self.inprocess.poll(self, wg)
+            if done is not None:
+                self.ledger.decide(done)  # a fallback gives the in-process try's restart back
+                if not done.recovered:
+                    return self.inprocess.fall_back(self, done.why)
+        mono = time.monotonic()
+        beats = self._read_beats(wg)
+        lost = self._node_watch(wg, beats, mono)
+        if lost:
+            return self._on_node_lost(wg, lost, time.time())
+        finished = self._finished(wg)
+        verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
+        if verdict is not None:
+            return self._on_hang(wg, verdict, time.time(), mono)
+        self._last_alive_mono = mono
+        leave = self.watch.poll(lambda: live_ranks(wg, set()), self.leader)
+        return result if leave is None else self._leave_for_spare(leave)
 
     def _leave_for_spare(self, reason: str) -> RunResult:
         """Straggler policy ``restart-now`` named a rank of this node and a spare waits: end this attempt as a
@@ -339,56 +371,62 @@ class GuardAgent(ElasticAgentBase):
         self.emit(PlannedInterruption(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, reason=reason))
         self.close_attempt("planned", None)
         self.stop_local_workers(signal.SIGTERM)
-        self.budget.refund()  # a membership change is not a retry (torch's rule for joining nodes)
+        self.ledger.decide(attempts.StragglerLeave(reason, this_node=True))  # gives its restart back
         return RunResult(state=WorkerState.FAILED)
 
-    # --- what in-process recovery uses (`trainguard.launch.inprocess.RecoveryHost`) ----------------------
+    # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.sdc.response`'s,
+    # --- what follows `trainguard.launch.attempts`'s
 
-    def exit_codes_seen(self) -> dict[int, int]:
-        """Global rank -> exit code of the workers whose failure this monitor round found (their evidence is
-        already gathered)."""
-        return dict(self._early[0]) if self._early is not None else {}
+    def _on_exit_in_process(self, wg: WorkerGroup) -> RunResult:
+        """Workers exited with an error under ``--in-process`` (their evidence is gathered): recorded as always,
+        then replaced in process if the decision says so; otherwise the rest stop for a whole-process restart."""
+        result = self._on_exit(wg, RunResult(state=WorkerState.FAILED))
+        if result.state != WorkerState.HEALTHY:
+            self.stop_local_workers(signal.SIGTERM)
+        return result
 
-    def record_exit(self, wg: WorkerGroup) -> RunResult:
-        """Record the failure of the workers that exited (as for a whole-process restart)."""
-        return self._on_exit(wg, RunResult(state=WorkerState.FAILED))
-
-    def next_attempt(self) -> int:
-        """Start counting the next attempt (an in-process restart has no rendezvous that would)."""
-        self.attempt += 1
-        return self.attempt
-
-    # --- failures: what happened is `trainguard.launch.failures`'s, corruption `trainguard.sdc.response`'s
+    def _exit_evidence(self, wg: WorkerGroup, result: RunResult
+                       ) -> tuple[dict[int, int], evidence.GatheredEvidence, float, float]:
+        """Exit codes, evidence and detection times: those `on_monitor` gathered early, or gathered now."""
+        if self._early is not None:
+            early, self._early = self._early, None
+            return early
+        wall, mono = time.time(), time.monotonic()
+        codes = {r: f.exitcode for r, f in result.failures.items()}
+        return codes, self._gather(wg, set(codes)), wall, mono
 
     def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
-        if self._early is not None:
-            codes, ev, wall, mono = self._early
-            self._early = None
-        else:
-            wall, mono = time.time(), time.monotonic()
-            codes = {r: f.exitcode for r, f in result.failures.items()}
-            ev = self._gather(wg, set(codes))
+        codes, ev, wall, mono = self._exit_evidence(wg, result)
         failed = sorted(codes)
-        culprits, kind = blame.crash_culprits(codes)
         beats = self._read_beats(wg)
-        steps = [b.step for b in beats.values() if b is not None]
-        detail = blame.crash_detail(codes)
-        if self.watch.planned_leave(self.attempt) is not None:  # a node left for a waiting spare (restart-now)
+        left = self.watch.planned_leave(self.attempt)
+        if left is not None:  # a node left for a waiting spare (restart-now): a planned restart, no failure
             self.close_attempt("planned", None)
-            self.budget.refund()  # a membership change is not a retry (torch's rule for joining nodes)
+            self.ledger.decide(attempts.StragglerLeave(left, this_node=False))
             return result
+        steps = [b.step for b in beats.values() if b is not None]
+        lost = self._record_exit(wg, codes, ev, wall, mono, min(steps) if steps else None)
+        self.close_attempt("failure", codes[failed[0]] if failed else None)
+        outcome = self._outcome(beats, ev)
+        event: attempts.Event = attempts.NodeLost(outcome) if lost else attempts.Crash(
+            tuple(failed), blame.crash_culprits(codes)[1], outcome, self._replaceable(wg, failed))
+        return self._act(self.ledger.decide(event), wg, result)
+
+    def _record_exit(self, wg: WorkerGroup, codes: dict[int, int], ev: evidence.GatheredEvidence, wall: float,
+                     mono: float, step: int | None) -> bool:
+        """Write the failure records of workers that exited; True when they were the echo of a lost node."""
+        culprits, kind = blame.crash_culprits(codes)
         if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         lost = self._lost_behind(codes, kind, wg, mono)
         if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
-            self.recorder.record_node_lost(self.attempt, lost, time.time(), min(steps) if steps else None)
+            self.recorder.record_node_lost(self.attempt, lost, time.time(), step)
         elif self.recorder.claim(self.attempt):
-            self.recorder.record(self.attempt, kind, culprits, mono - self._last_alive_mono, wall,
-                                 min(steps) if steps else None, ev, detail, verdict="crash", explanation=detail,
+            detail = blame.crash_detail(codes)
+            self.recorder.record(self.attempt, kind, culprits, mono - self._last_alive_mono, wall, step, ev, detail,
+                                 verdict="crash", explanation=detail,
                                  if_unknown=blame.unexplained_crash_note(codes, culprits))
-        self.close_attempt("failure", codes[failed[0]] if failed else None)
-        self._apply_policy(beats, ev)
-        return result
+        return bool(lost)
 
     def _on_hang(self, wg: WorkerGroup, verdict: Verdict, wall: float, mono: float) -> RunResult:
         world = wg.workers[0].world_size if wg.workers else 0
@@ -407,10 +445,9 @@ class GuardAgent(ElasticAgentBase):
                                  verdict=found.verdict, explanation=found.diagnosis_explanation,
                                  diagnosis_ranks=found.diagnosis_ranks, backend=found.backend)
         self.close_attempt("failure", None)
-        self._apply_policy(self._read_beats(wg), ev)
-        if self.inprocess is not None and self.inprocess.recover(self, wg, found.culprits, "hang", kill=True):
-            return RunResult(state=WorkerState.HEALTHY)  # the hung ranks were killed and replaced
-        return RunResult(state=WorkerState.FAILED)
+        hang = attempts.Hang(tuple(found.culprits), self._outcome(self._read_beats(wg), ev),
+                             self._replaceable(wg, found.culprits))
+        return self._act(self.ledger.decide(hang), wg, RunResult(state=WorkerState.FAILED))
 
     def _on_sdc(self, wg: WorkerGroup, marker: sdc.SdcMarker) -> RunResult:
         """The ranks found replicas that disagree: stop them, record it; rollback and exclusion follow at
@@ -420,9 +457,37 @@ class GuardAgent(ElasticAgentBase):
         self.stop_local_workers(signal.SIGTERM)
         self.corruption.record(marker, self.attempt, wall)
         self.close_attempt("failure", None)
-        beats = self._read_beats(wg)
-        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
-        return RunResult(state=WorkerState.FAILED)
+        outcome = self._outcome(self._read_beats(wg), evidence.GatheredEvidence(self.diag_dir()))
+        return self._act(self.ledger.decide(attempts.Corruption(outcome)), wg, RunResult(state=WorkerState.FAILED))
+
+    def _outcome(self, beats: dict[int, Heartbeat | None], ev: evidence.GatheredEvidence) -> AttemptOutcome:
+        """What the failed attempt achieved, for the no-progress rule: its best step (heartbeats and the ranks'
+        replies), the newest checkpoint, trainguard's and the script's framework's."""
+        steps = [b.step for b in beats.values() if b is not None]
+        steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
+        return AttemptOutcome(best_step=max(steps) if steps else None,
+                              latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir),
+                              framework_checkpoint=self.framework_checkpoints.latest())
+
+    def _replaceable(self, wg: WorkerGroup, ranks: list[int]) -> bool:
+        """Whether an in-process restart could replace ``ranks``: all on this node, a one-node job, processes
+        that torch's context lets us swap."""
+        local = {w.global_rank for w in wg.workers}
+        return (self.worker_processes() is not None and (wg.group_world_size or 1) <= 1
+                and all(r in local for r in ranks))
+
+    def _act(self, decision: attempts.Decision, wg: WorkerGroup, failed: RunResult) -> RunResult:
+        """Carry out the decision after a failure: an in-process restart goes on HEALTHY; anything else returns
+        ``failed`` to torch's loop, which restarts the group while `restarts_left` allows."""
+        abandoned = decision.abandoned if isinstance(decision, attempts.Restart | attempts.Stop) else None
+        if abandoned is not None and self.inprocess is not None:
+            self.inprocess.abandon(self, abandoned)
+        if isinstance(decision, attempts.InProcess) and self.inprocess is not None:
+            self.inprocess.start(self, wg, decision)
+            return RunResult(state=WorkerState.HEALTHY)  # only the failed ranks were replaced
+        if isinstance(decision, attempts.Stop):
+            log.info("attempt %d failed; no restart: %s", self.attempt, decision.reason)
+        return failed
 
     # --- lost nodes and node-level chaos (`trainguard.launch.nodes`) ---------------------------------
 
@@ -448,8 +513,8 @@ class GuardAgent(ElasticAgentBase):
         steps = [b.step for b in beats.values() if b is not None]
         self.recorder.record_node_lost(self.attempt, lost, wall, min(steps) if steps else None)
         self.close_attempt("failure", None)
-        self._apply_policy(beats, evidence.GatheredEvidence(self.diag_dir()))
-        return RunResult(state=WorkerState.FAILED)
+        outcome = self._outcome(beats, evidence.GatheredEvidence(self.diag_dir()))
+        return self._act(self.ledger.decide(attempts.NodeLost(outcome)), wg, RunResult(state=WorkerState.FAILED))
 
     def record_lost_peers(self) -> list[str]:
         """After the agent lost its rendezvous (c10d's store dies with its host): record a peer that stopped
@@ -495,20 +560,8 @@ class GuardAgent(ElasticAgentBase):
                                    reason=reason, exit_code=exit_code))
             self.lifetime.sweep()  # what detached from a worker that ended (a setsid child) ends with it
 
-    def _apply_policy(self, beats: dict[int, Heartbeat | None], ev: evidence.GatheredEvidence) -> None:
-        """Stop when several failed attempts in a row made no progress, or the budget is spent."""
-        steps = [b.step for b in beats.values() if b is not None]
-        steps += [int(rep["step"]) for rep in ev.replies.values() if isinstance(rep.get("step"), int)]
-        outcome = AttemptOutcome(best_step=max(steps) if steps else None,
-                                 latest_checkpoint=latest_checkpoint(self.cfg.checkpoint_dir),
-                                 framework_checkpoint=self.framework_checkpoints.latest())
-        decision = self.policy.on_failure(outcome, self.budget.remaining())
-        if decision.stop:
-            self.budget.stop(decision.reason or "the no-progress rule stopped restarts")
-
     def on_restart_workers(self, worker_group: WorkerGroup, counted: bool) -> None:
-        if counted:
-            self.budget.spend()
+        self.ledger.torch_restarted(counted)
         # A peer node failed, or left for a waiting spare (straggler restart-now): this attempt ends here too.
         planned = not self._attempt_closed and self.watch.planned_leave(self.attempt) is not None
         self.close_attempt("planned" if planned else "failure", None)

@@ -1,7 +1,8 @@
 """The restart budget: how many more restarts the job may take, and why it stopped taking them.
 
-One owner for a number torch also keeps: `trainguard.torch_api.elastic.ElasticAgentBase` sets torch's
-counter from `RestartBudget.remaining` after every monitor round. Failures spend a restart; a planned
+One owner for a number torch also keeps: `trainguard.launch.attempts.Attempts` holds it (and decides when it
+is spent, refunded or stopped), and `trainguard.torch_api.elastic.ElasticAgentBase` sets torch's counter from
+`RestartBudget.remaining` after every monitor round. Failures spend a restart; a planned
 interruption (a node leaving for a waiting spare) and an in-process try that fell back to a whole-process
 restart give theirs back; the no-progress rule or torch itself can stop restarts altogether.
 """

@@ -5,7 +5,9 @@ group. The agent opens the next attempt, starts one new process per failed local
 environment, and publishes the attempt on its own store (``trainguard.core.protocol.inprocess_key``); the
 surviving ranks, waiting in `trainguard.worker.inprocess.restartable`, re-form the process group with
 them. If the group is not complete within the timeout, the agent falls back to a whole-process restart.
-Single node only (the store lives in this agent).
+Single node only (the store lives in this agent). Whether to restart in process, and the attempt number and
+budget that go with it, are `trainguard.launch.attempts`'s decision (`InProcess`); this module carries it
+out and reports how it ended (`InProcessDone`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from trainguard.core import protocol
 from trainguard.core.events import Event, InProcessRecovery
 from trainguard.core.protocol import RunLayout
-from trainguard.launch import blame
-from trainguard.launch.budget import RestartBudget
+from trainguard.launch.attempts import InProcess, InProcessDone
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.warm import WarmSpares
@@ -35,23 +36,16 @@ log = logging.getLogger(__name__)
 
 
 class RecoveryHost(Protocol):
-    """What an in-process recovery needs from its node agent (`trainguard.launch.agent.GuardAgent`)."""
+    """What an in-process recovery needs from its node agent (`trainguard.launch.agent.GuardAgent`): the
+    workers' processes and environment, the attempt's records, and a way to stop workers."""
 
     cfg: SupervisorConfig
     layout: RunLayout
-    attempt: int
-    budget: RestartBudget
 
     @property
-    def stop_reason(self) -> str | None: ...
+    def attempt(self) -> int: ...
 
     def emit(self, record: Event) -> None: ...
-
-    def exit_codes_seen(self) -> dict[int, int]: ...
-
-    def record_exit(self, wg: WorkerGroup) -> RunResult: ...
-
-    def next_attempt(self) -> int: ...
 
     def worker_environ(self) -> dict[str, str]: ...
 
@@ -129,55 +123,36 @@ class InProcessRestarts:
         return {protocol.INPROCESS_STORE_ENV: f"127.0.0.1:{self.store.port}",
                 protocol.INPROCESS_TIMEOUT_ENV: repr(float(self.timeout_seconds))}
 
-    # --- starting a recovery ------------------------------------------------------------------------
+    # --- carrying out a recovery -------------------------------------------------------------------
 
-    def after_exit(self, agent: RecoveryHost, wg: WorkerGroup) -> RunResult:
-        """Workers exited with an error (their evidence is already gathered): record the failure as always,
-        then restart in process; when that is not possible, stop the rest for a whole-process restart."""
-        codes = agent.exit_codes_seen()
-        result = agent.record_exit(wg)
-        _, kind = blame.crash_culprits(codes)
-        if self.recover(agent, wg, sorted(codes), kind, kill=False):
-            return RunResult(state=WorkerState.HEALTHY)
-        agent.stop_local_workers(signal.SIGTERM)
-        return result
+    def start(self, agent: RecoveryHost, wg: WorkerGroup, decision: InProcess) -> None:
+        """Replace the processes of ``decision.ranks`` and start attempt ``decision.attempt`` in process.
 
-    def recover(self, agent: RecoveryHost, wg: WorkerGroup, failed: list[int], kind: str, kill: bool) -> bool:
-        """Replace the processes of global ranks ``failed`` and start the next attempt in process.
-
-        The failed attempt is already recorded and closed. Returns False (nothing done) when the policy
-        stopped the run, the budget is spent, or a failed rank is not on this node: the caller then takes
-        the whole-process path."""
-        if self.pending is not None:  # a second failure before the first recovery completed
-            self.abandon(agent, f"rank(s) {', '.join(map(str, failed))} failed during the recovery")
-            return False
-        local = {w.global_rank: w.local_rank for w in wg.workers}
+        The failed attempt is already recorded and closed, and the agent's attempt number is already
+        ``decision.attempt`` (`trainguard.launch.attempts.Attempts` counted it and charged the budget)."""
         workers = agent.worker_processes()
-        if workers is None or agent.stop_reason is not None or agent.budget.remaining() <= 0 or not failed:
-            return False
+        if workers is None:  # `GuardAgent._replaceable` checked: torch's context is there
+            raise RuntimeError("in-process restart without worker processes")
+        local = {w.global_rank: w.local_rank for w in wg.workers}
+        failed, kill = list(decision.ranks), decision.kill
         procs = workers.procs()
-        if any(r not in local for r in failed) or (wg.group_world_size or 1) > 1:
-            return False
         if self.fresh:  # every rank anew; their evidence is already saved
             failed, kill = sorted(local), True
         if kill:  # a hung rank: its death breaks the survivors' collectives (gloo closes its sockets)
             stop_processes([procs[local[r]] for r in failed], agent.cfg.stop_grace_seconds, signal.SIGKILL)
         # Ranks that died meanwhile (an error of their own) are replaced too.
         dead = sorted({*failed, *(w.global_rank for w in wg.workers if procs[w.local_rank].poll() is not None)})
-        old = agent.attempt
-        agent.budget.spend()
-        agent.next_attempt()
         env = agent.worker_environ()
-        self.store.set(protocol.inprocess_key(agent.attempt, "env"),
+        self.store.set(protocol.inprocess_key(decision.attempt, "env"),
                        json.dumps({k: env[k] for k in protocol.INPROCESS_ATTEMPT_ENV if k in env}))
         agent.open_attempt(wg, recovery="in-process")
         warm = sum(self._replace(workers, wg, local[rank], env) for rank in dead)
         _link_logs(agent, workers, wg)
-        self.store.set(protocol.inprocess_key(old, "next"), str(agent.attempt))  # the survivors go
+        self.store.set(protocol.inprocess_key(decision.previous, "next"), str(decision.attempt))  # the survivors go
         now = time.monotonic()
-        self.pending = PendingRecovery(agent.attempt, tuple(dead), kind, now, now + self.timeout_seconds, warm)
-        log.info("in-process restart: attempt %d, new processes for ranks %s", agent.attempt, list(dead))
-        return True
+        self.pending = PendingRecovery(decision.attempt, tuple(dead), decision.kind, now, now + self.timeout_seconds,
+                                       warm)
+        log.info("in-process restart: attempt %d, new processes for ranks %s", decision.attempt, list(dead))
 
     def _replace(self, workers: WorkerProcesses, wg: WorkerGroup, local_rank: int, env: dict[str, str]) -> bool:
         """Put a new process (a warm spare if one waits) in ``local_rank``'s place; True if it was a spare."""
@@ -192,9 +167,10 @@ class InProcessRestarts:
 
     # --- watching it --------------------------------------------------------------------------------
 
-    def poll(self, agent: RecoveryHost, wg: WorkerGroup) -> RunResult | None:
-        """Each monitor round while a recovery is pending: record its end, or give up after the timeout and
-        return the FAILED result that makes the elastic agent restart the whole group."""
+    def poll(self, agent: RecoveryHost, wg: WorkerGroup) -> InProcessDone | None:
+        """Each monitor round: None while nothing changed; when the pending recovery completed, its record and
+        ``InProcessDone(recovered=True)``; after its timeout ``InProcessDone(recovered=False)`` (the agent then
+        calls `fall_back`)."""
         p = self.pending
         if p is None:
             if self.spares is not None:
@@ -208,14 +184,15 @@ class InProcessRestarts:
             agent.emit(InProcessRecovery(time=time.time(), host=agent.cfg.node_id, attempt=p.attempt,
                                          status="recovered", ranks=p.ranks, failure_kind=p.kind,
                                          seconds=now - p.started_mono, warm_spares_used=p.warm))
-            return None
+            return InProcessDone(recovered=True)
         if now < p.deadline_mono:
             return None
-        return self.fall_back(agent, f"{joined} of {world} ranks formed the process group within "
-                                     f"{self.timeout_seconds:g}s")
+        return InProcessDone(recovered=False, why=f"{joined} of {world} ranks formed the process group within "
+                                                  f"{self.timeout_seconds:g}s")
 
     def abandon(self, agent: RecoveryHost, why: str) -> None:
-        """Record that the pending recovery failed; the whole-process restart that follows replaces it."""
+        """Record that the pending recovery failed; the whole-process restart that follows replaces it (its
+        restart was given back: `Attempts` counts the try and its fallback as one)."""
         p = self.pending
         self.pending = None
         if p is None:
@@ -224,7 +201,6 @@ class InProcessRestarts:
                                      status="fallback", ranks=p.ranks, failure_kind=p.kind,
                                      seconds=time.monotonic() - p.started_mono, warm_spares_used=p.warm,
                                      detail=why))
-        agent.budget.refund()  # the in-process try and its fallback count as one restart
         log.warning("in-process restart abandoned (%s): restarting every worker", why)
 
     def fall_back(self, agent: RecoveryHost, why: str) -> RunResult:
