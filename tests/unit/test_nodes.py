@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.chaos import faults as chaos
+from trainguard.chaos import node_faults
 from trainguard.core.protocol import Heartbeat, RunLayout
 from trainguard.errors import UsageError
 from trainguard.launch import nodes
@@ -118,11 +119,11 @@ def test_node_faults_parse_and_fall_due_when_the_node_completed_the_step_before(
     faults = chaos.parse_spec("node-crash@step=4,node=n2;agent-kill@step=2,node=n1,attempt=1;crash@step=3")
     assert [f.kind for f in faults] == ["node-crash", "agent-kill", "crash"]
     assert chaos.format_spec(faults) == "node-crash@step=4,node=n2;agent-kill@step=2,node=n1,attempt=1;crash@step=3"
-    assert nodes.due_node_faults(faults, "n2", 0, 2) == []
-    assert [f.kind for f in nodes.due_node_faults(faults, "n2", 0, 3)] == ["node-crash"]
-    assert nodes.due_node_faults(faults, "n2", 0, None) == []
-    assert nodes.due_node_faults(faults, "n1", 0, 5) == []  # attempt 1 only
-    assert [f.kind for f in nodes.due_node_faults(faults, "n1", 1, 1)] == ["agent-kill"]
+    assert node_faults.due_node_faults(faults, "n2", 0, 2) == []
+    assert [f.kind for f in node_faults.due_node_faults(faults, "n2", 0, 3)] == ["node-crash"]
+    assert node_faults.due_node_faults(faults, "n2", 0, None) == []
+    assert node_faults.due_node_faults(faults, "n1", 0, 5) == []  # attempt 1 only
+    assert [f.kind for f in node_faults.due_node_faults(faults, "n1", 1, 1)] == ["agent-kill"]
     for bad in ("node-crash@step=4", "agent-kill@node=n1", "node-crash@step=1,node=n1,rank=2"):
         with pytest.raises(UsageError):
             chaos.parse_spec(bad)

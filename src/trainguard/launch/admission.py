@@ -1,5 +1,6 @@
-"""Whether this node may join the next attempt: node-level ``unhealthy`` chaos, the health checks, the
-fleet's lemon list and lost-node markers; a node that fails leaves the rendezvous and the job.
+"""Whether this node may join the next attempt: the health checks (which fail on the ``unhealthy`` flag of
+`trainguard.chaos.node_faults`), the fleet's lemon list and lost-node markers; a node that fails leaves the
+rendezvous and the job.
 
 Runs in `trainguard.launch.agent.GuardAgent._rendezvous`, before every (re)start.
 """
@@ -9,17 +10,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from trainguard.chaos.faults import Fault
 from trainguard.core.eventlog import iter_events
-from trainguard.core.events import NODE_FAULT_RANK, AttemptEnded, Event, FaultInjected, HealthCheckResult, NodeExcluded
+from trainguard.core.events import AttemptEnded, Event, HealthCheckResult, NodeExcluded
 from trainguard.core.protocol import RunLayout
-from trainguard.core.safefs import write_private
 from trainguard.errors import TrainguardError
 from trainguard.health import drain
 from trainguard.launch import nodes
@@ -30,20 +29,6 @@ log = logging.getLogger(__name__)
 
 class NodeExcludedExit(RendezvousGracefulExitError):
     """This node failed a high-severity health check (or is a lemon) and leaves the job."""
-
-
-def apply_node_chaos(faults: Iterable[Fault], cfg: SupervisorConfig, attempt: int,
-                     emit: Callable[[Event], None]) -> None:
-    """Leave the marker that makes this node's health check fail, for an ``unhealthy`` fault of ``attempt``."""
-    for f in faults:
-        if f.kind != "unhealthy" or f.node != cfg.node_id:
-            continue
-        if (f.attempt if f.attempt is not None else 0) != attempt:
-            continue
-        marker = cfg.layout.chaos_dir / f"unhealthy-{cfg.node_id}"
-        write_private(marker, f"{f.to_spec()}\n".encode())
-        emit(FaultInjected(time=time.time(), host=cfg.node_id, attempt=attempt,
-                           rank=NODE_FAULT_RANK, step=0, kind="unhealthy", params={"node": cfg.node_id}))
 
 
 def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event], None]) -> list[str]:

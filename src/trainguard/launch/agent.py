@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
 from trainguard.chaos import faults as chaos
+from trainguard.chaos import node_faults
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
 from trainguard.core.protocol import Heartbeat, WorkerEnv, read_heartbeat
@@ -211,7 +212,7 @@ class GuardAgent(ElasticAgentBase):
     def on_rendezvous(self, worker_group: WorkerGroup) -> None:
         self.signals.check()
         self.ledger.rendezvous()
-        admission.apply_node_chaos(self.faults, self.cfg, self.attempt, self.emit)
+        node_faults.apply_node_chaos(self.faults, self.cfg.node_id, self.cfg.layout, self.attempt, self.emit)
         self._health_gate()
         self.signals.check()  # health checks guard themselves with `except Exception`
         first = self.attempt == 0
@@ -494,8 +495,10 @@ class GuardAgent(ElasticAgentBase):
     def _node_watch(self, wg: WorkerGroup, beats: dict[int, Heartbeat | None], mono: float) -> list[nodes.LostNode]:
         """Fire this node's due node faults; twice a second, the peers that stopped beating."""
         if self.faults and all(b is not None for b in beats.values()):
-            nodes.fire_due_faults(self.faults, self.cfg.node_id, self.attempt, [b.step for b in beats.values() if b],
-                                  [int(w.id) for w in wg.workers if w.id is not None], self.layout.chaos_dir, self.emit)
+            steps = [b.step for b in beats.values() if b]
+            pids = [int(w.id) for w in wg.workers if w.id is not None]
+            node_faults.fire_due_faults(self.faults, self.cfg.node_id, self.attempt, steps, pids,
+                                        self.layout.chaos_dir, self.emit)
         if wg.group_world_size in (None, 1):
             return []
         return self.peers.poll(self.attempt, self._job_world_size(), mono)

@@ -1,5 +1,5 @@
 """Node liveness across agents: each agent's beat in the shared run directory, the peers' watch over it,
-the evidence kept when a node is lost, and the node-level chaos (``node-crash``, ``agent-kill``) an agent fires.
+and the evidence kept when a node is lost (the node-level faults an agent fires: `trainguard.chaos.node_faults`).
 
 An agent writes ``nodes/<node>.beat`` once a second from a thread of its own, so a killed (SIGKILL) or
 stopped (SIGSTOP) agent stops beating whatever its workers do. Peers judge a beat by when *they* saw it
@@ -11,15 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.chaos.faults import Fault
-from trainguard.core.events import NODE_FAULT_RANK, Diagnosis, Event, FailureDetected, FaultInjected, NodeExcluded
+from trainguard.core.events import Diagnosis, FailureDetected, NodeExcluded
 from trainguard.core.protocol import RunLayout, rank_of, read_heartbeat
 from trainguard.core.safefs import create_exclusive, make_dirs, write_private
 from trainguard.launch.evidence import log_tail
@@ -28,7 +26,6 @@ log = logging.getLogger(__name__)
 
 BEAT_INTERVAL_SECONDS = 1.0
 """How often an agent rewrites its beat."""
-NODE_FAULT_KINDS = ("node-crash", "agent-kill")
 """Node faults fired by the agent of the named node once its ranks reach the step."""
 LOG_TAIL_LINES = 200
 WATCHED_PEERS = 2
@@ -303,41 +300,3 @@ def lost_reasons(run_dir: Path, node: str) -> list[str]:
     with contextlib.suppress(OSError):
         return [f"node lost: {path.read_text().strip()}"]
     return ["node lost"]
-
-
-# --- node-level chaos ----------------------------------------------------------------------------------
-
-
-def due_node_faults(faults: Iterable[Fault], node: str, attempt: int, last_step: int | None) -> list[Fault]:
-    """This node's ``node-crash``/``agent-kill`` faults due now: its ranks completed step ``S - 1``."""
-    return [f for f in faults if f.kind in NODE_FAULT_KINDS and f.node == node and last_step is not None
-            and (f.attempt is None or f.attempt == attempt) and last_step >= (f.step or 1) - 1]
-
-
-def fire_due_faults(faults: Iterable[Fault], node: str, attempt: int, steps: list[int], worker_pids: list[int],
-                    chaos_dir: Path, emit: Callable[[Event], None]) -> None:
-    """Fire this node's node faults that are due, given its ranks' last completed steps (`due_node_faults`)."""
-    for fault in due_node_faults(faults, node, attempt, min(steps, default=None)):
-        record = FaultInjected(time=time.time(), host=node, attempt=attempt, rank=NODE_FAULT_RANK, step=fault.step or 0,
-                               kind=fault.kind, params={"node": node})
-        fire_node_fault(fault, chaos_dir, attempt, worker_pids, record, emit)
-
-
-def fire_node_fault(fault: Fault, chaos_dir: Path, attempt: int, worker_pids: list[int], record: Event,
-                    emit: Callable[[Event], None]) -> None:
-    """Claim the fault's marker (it fires once per run), record it, then kill: the workers' process groups
-    too for ``node-crash``, this agent alone for ``agent-kill``. Does not return when it fires."""
-    marker = chaos_dir / f"fired-{fault.index}"
-    try:
-        if not create_exclusive(marker, f"{fault.to_spec()} attempt={attempt} agent={os.getpid()}\n".encode()):
-            return
-    except OSError as exc:
-        log.warning("chaos: cannot write marker %s (%s); not firing", marker, exc)
-        return
-    log.warning("chaos: firing %s", fault.to_spec())
-    emit(record)
-    if fault.kind == "node-crash":
-        for pid in worker_pids:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # the workers lead their own sessions (torch starts them so)
-    os.kill(os.getpid(), signal.SIGKILL)
