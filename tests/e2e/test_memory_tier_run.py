@@ -31,3 +31,24 @@ def test_a_crash_restores_from_memory_under_trainguard_run(tmp_path: Path) -> No
         assert second["attempt"] == 1 and second["start"] == 6, second
         assert second["tier"] == "own", second  # one node: its own holder kept both ranks' copies
         assert second["storage_bytes"] == 0, second
+
+
+def test_the_run_flag_turns_the_memory_tier_on_for_an_unconfigured_checkpointer(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    res = trainguard("run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                     "--memory-checkpoint-gb", "0.05", "--run-dir", str(tmp_path / "run"), str(SCRIPT),
+                     timeout=300, env={"OUT": str(out), "SHM": "", "CKPT": str(tmp_path / "ckpt"),
+                                       "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        _, second = _records(out / f"rank-{rank}.jsonl")
+        # Step 4's storage save was also kept in memory: the restart reads it from there, not from storage.
+        assert second == {"attempt": 1, "start": 4, "tier": "own", "storage_bytes": 0}, second
+
+
+def test_a_negative_memory_bound_is_a_usage_error(tmp_path: Path) -> None:
+    res = trainguard("run", "--standalone", "--memory-checkpoint-gb", "-1", "--run-dir", str(tmp_path / "run"),
+                     str(SCRIPT), timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.strip()]) == 1, res.stderr

@@ -10,6 +10,7 @@ a `trainguard.Worker`, the checkpointer writes the worker's events and marks its
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -41,6 +42,7 @@ from trainguard.checkpoint.saving import Committer, SaveJob
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
+from trainguard.core.protocol import MEMORY_GB_ENV
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:
@@ -92,6 +94,7 @@ class Checkpointer:
         config = config or CheckpointConfig()
         if not isinstance(config, CheckpointConfig):
             raise ValueError(f"config must be a CheckpointConfig, got {type(config).__name__}")
+        config = _with_launcher_memory_tier(config)
         self._worker = target if isinstance(target, Worker) else None
         self.directory = _directory(target, config)
         if config.async_save and process_group is not None and process_group is dist.GroupMember.WORLD:
@@ -403,3 +406,17 @@ def _directory(target: Worker | str | os.PathLike[str], config: CheckpointConfig
             raise ValueError(f"two checkpoint directories: {os.fspath(target)!r} and CheckpointConfig.directory")
         return Path(target)
     raise ValueError(f"Checkpointer needs a trainguard.Worker or a directory, got {type(target).__name__}")
+
+
+def _with_launcher_memory_tier(config: CheckpointConfig) -> CheckpointConfig:
+    """``config`` with the launcher's memory bound when the script left ``memory_gb`` unset."""
+    raw = os.environ.get(MEMORY_GB_ENV, "")
+    if config.memory_gb is not None or not raw:
+        return config
+    try:
+        gb = float(raw)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", MEMORY_GB_ENV, raw[:40])
+        return config
+    return dataclasses.replace(config, memory_gb=gb) if gb > 0 else config
+

@@ -26,6 +26,9 @@ PROCESS_STATE_FILE = "process_state.json"
 the agent's evidence is in: a rank's own dump on its way out must not replace what the decision used."""
 """Fixed size of a heartbeat file: rewritten in place with one ``pwrite`` per update."""
 HEARTBEAT_VERSION = "v2"
+MEMORY_GB_ENV = "TRAINGUARD_MEMORY_CHECKPOINT_GB"
+"""Set by ``trainguard run --memory-checkpoint-gb``: the memory tier (GiB per node) of every
+`trainguard.Checkpointer` whose config sets no ``memory_gb`` of its own."""
 
 SOURCES = ("none", "script", "optimizer")
 """Where a rank's step count comes from: nothing yet, ``trainguard.attach()`` steps, optimizer-step hooks."""

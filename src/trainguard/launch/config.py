@@ -69,6 +69,11 @@ class SupervisorConfig:
     """torchrun's ``--log-dir``: where ``attempt-<k>/`` log folders go instead of ``<run dir>/logs``."""
     stop_grace_seconds: float = setting(3.0, section="recovery", bounds=(0, 3600))
     """How long a worker being stopped gets between SIGTERM (after SIGCONT) and SIGKILL."""
+    memory_checkpoint_gb: float = setting(0.0, section="recovery", bounds=(0, 1_000_000), flag=Flag(
+        ("--memory-checkpoint-gb",), "host memory per node for the checkpoints' memory tier, in GiB: every "
+        "trainguard.Checkpointer that sets no memory_gb of its own keeps its newest checkpoint in memory and on a "
+        "peer node and restores from there first (0: off; docs/checkpoint.md)", metavar="GB"))
+    """Memory tier of the checkpointers of the job's scripts (``TRAINGUARD_MEMORY_CHECKPOINT_GB``); 0: off."""
     in_process: bool = setting(False, section="recovery", flag=Flag(
         ("--in-process",), "after a failure replace only the failed ranks; the others re-enter their "
         "trainguard.worker.inprocess.restartable function (one node; docs/run.md)"))

@@ -1,5 +1,5 @@
-"""A 2-rank gloo job that checkpoints to storage every 4 steps and to the memory tier every step; rank 1
-dies in step 7 of the first attempt. Each rank appends what its restore used to ``$OUT/rank-<r>.jsonl``."""
+"""A 2-rank gloo job that checkpoints to storage every 4 steps and (with ``$SHM``) to the memory tier every
+step; rank 1 dies in step 7 of the first attempt. Each rank appends what its restore used to ``$OUT/rank-<r>.jsonl``."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    config = CheckpointConfig(interval=IntervalPolicy.every_steps(4), memory_gb=0.05, memory_every_steps=1,
-                              memory_root=os.environ["SHM"], memory_address="127.0.0.1")
+    if os.environ.get("SHM"):  # the script configures the tier itself, copying every step
+        config = CheckpointConfig(interval=IntervalPolicy.every_steps(4), memory_gb=0.05, memory_every_steps=1,
+                                  memory_root=os.environ["SHM"], memory_address="127.0.0.1")
+    else:  # `trainguard run --memory-checkpoint-gb` turns it on: each storage save is also kept in memory
+        config = CheckpointConfig(interval=IntervalPolicy.every_steps(4))
     ckpt = Checkpointer(os.environ["CKPT"], config)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
