@@ -208,16 +208,7 @@ def step_table(records: Sequence[Event], arrivals: Mapping[int, Mapping[int, Seq
     samples: list[StepSample] = []
     signals: dict[int, str] = {}
     for attempt, rows in sorted(steps.items()):
-        ranks = {e.rank for e in rows}
-        by_step: dict[int, dict[int, StepCompleted]] = defaultdict(dict)
-        for e in rows:
-            by_step[e.step][e.rank] = e
-        first: dict[int, int] = {}  # one pass: a scan per rank made reports quadratic in the rank count
-        for e in rows:
-            if e.step < first.get(e.rank, e.step + 1):
-                first[e.rank] = e.step
-        complete = {s: by for s, by in by_step.items()
-                    if set(by) == ranks and all(s > first[r] for r in ranks)}  # first step: start-up, not pace
+        ranks, complete = _complete_steps(rows)
         with_phases = sum(all(_own_work(e) is not None for e in by.values()) for by in complete.values())
         if len(ranks) < 2:
             signals[attempt] = DURATIONS
@@ -245,6 +236,20 @@ def step_table(records: Sequence[Event], arrivals: Mapping[int, Mapping[int, Seq
             continue
         signals[attempt] = DURATIONS
     return samples, signals, hosts
+
+
+def _complete_steps(rows: list[StepCompleted]) -> tuple[set[int], dict[int, dict[int, StepCompleted]]]:
+    """The ranks of one attempt and its steps every rank completed, each rank's first step left out (start-up,
+    not pace)."""
+    ranks = {e.rank for e in rows}
+    by_step: dict[int, dict[int, StepCompleted]] = defaultdict(dict)
+    for e in rows:
+        by_step[e.step][e.rank] = e
+    first: dict[int, int] = {}  # one pass: a scan per rank made reports quadratic in the rank count
+    for e in rows:
+        if e.step < first.get(e.rank, e.step + 1):
+            first[e.rank] = e.step
+    return ranks, {s: by for s, by in by_step.items() if set(by) == ranks and all(s > first[r] for r in ranks)}
 
 
 def _flight_samples(attempt: int, complete: Mapping[int, Mapping[int, StepCompleted]],
@@ -354,33 +359,18 @@ def _host_peer_late(rank: int, stretch: range, late: Sequence[Mapping[int, bool]
     return any(sum(late[k].get(p, False) for k in stretch) >= cfg.late_fraction * len(stretch) for p in peers)
 
 
-def _detect(attempt: int, rows: list[StepSample], hosts: Mapping[int, str], signal: str,
-            cfg: StragglerConfig, tail: Sequence[StepSample] = ()) -> list[Straggler]:
-    rows = sorted(rows, key=lambda s: s.step)
-    ranks = sorted(set().union(*(s.own for s in rows))) if rows else []
-    lead = [_leads(s.own) for s in rows]
+def _slow_rows(n: int, ranks: list[int], lead: list[dict[int, tuple[float, float]]], late: list[dict[int, bool]],
+               cfg: StragglerConfig) -> list[dict[int, bool]]:
+    """slow[i][r]: over the span of steps ending at row i, rank r was late often enough, in every window, and its
+    median lead stands out of the noise (standard error of a median: 1.25 sigma / sqrt(n))."""
     w, span = cfg.window_steps, cfg.window_steps * cfg.windows
-    rel = 1.0 - 1.0 / cfg.min_slowdown
-    # late[i][r]: at row i, rank r held the step back by a share of it worth naming. Counting late steps (a
-    # sign test) is robust to the heavy-tailed noise of shared machines, where one descheduled rank waits 10x.
-    late = [{r: lead[i][r][0] > rel * rows[i].step_seconds for r in lead[i]} for i in range(len(rows))]
-    # slow[i][r]: over the span of steps ending at row i, rank r was late often enough, in every window, and its
-    # median lead stands out of the noise (standard error of a median: 1.25 sigma / sqrt(n)).
     slow: list[dict[int, bool]] = []
-    for i in range(len(rows)):
+    for i in range(n):
         if i + 1 < span:
             slow.append(dict.fromkeys(ranks, False))
             continue
         steps = range(i - span + 1, i + 1)
-        sigmas = []
-        for r in ranks:
-            xs = [lead[k][r][0] for k in steps if r in lead[k]]
-            if len(xs) >= 3:
-                # Noise from successive differences: a span that straddles the onset of a slowdown holds two
-                # levels, whose spread would otherwise read as noise and hide the very change sought.
-                diffs = [b - a for a, b in itertools.pairwise(xs)]
-                sigmas.append(_MAD_TO_SIGMA * statistics.median(abs(d) for d in diffs) / math.sqrt(2))
-        bar = cfg.noise_sigmas * 1.2533 * _median(sigmas) / math.sqrt(span)  # sigma pooled over ranks
+        bar = cfg.noise_sigmas * 1.2533 * _pooled_sigma(ranks, lead, steps) / math.sqrt(span)
         row: dict[int, bool] = {}
         for r in ranks:
             flags = [late[k].get(r, False) for k in steps]
@@ -388,6 +378,33 @@ def _detect(attempt: int, rows: list[StepSample], hosts: Mapping[int, str], sign
                       and all(sum(flags[j:j + w]) >= cfg.window_fraction * w for j in range(0, span, w))
                       and _median(lead[k][r][0] for k in steps if r in lead[k]) > bar)
         slow.append(row)
+    return slow
+
+
+def _pooled_sigma(ranks: list[int], lead: list[dict[int, tuple[float, float]]], steps: range) -> float:
+    """The lead's noise over ``steps``, pooled over ranks (median of the ranks' sigmas)."""
+    sigmas = []
+    for r in ranks:
+        xs = [lead[k][r][0] for k in steps if r in lead[k]]
+        if len(xs) >= 3:
+            # Noise from successive differences: a span that straddles the onset of a slowdown holds two
+            # levels, whose spread would otherwise read as noise and hide the very change sought.
+            diffs = [b - a for a, b in itertools.pairwise(xs)]
+            sigmas.append(_MAD_TO_SIGMA * statistics.median(abs(d) for d in diffs) / math.sqrt(2))
+    return _median(sigmas)
+
+
+def _detect(attempt: int, rows: list[StepSample], hosts: Mapping[int, str], signal: str,
+            cfg: StragglerConfig, tail: Sequence[StepSample] = ()) -> list[Straggler]:
+    rows = sorted(rows, key=lambda s: s.step)
+    ranks = sorted(set().union(*(s.own for s in rows))) if rows else []
+    lead = [_leads(s.own) for s in rows]
+    span = cfg.window_steps * cfg.windows
+    rel = 1.0 - 1.0 / cfg.min_slowdown
+    # late[i][r]: at row i, rank r held the step back by a share of it worth naming. Counting late steps (a
+    # sign test) is robust to the heavy-tailed noise of shared machines, where one descheduled rank waits 10x.
+    late = [{r: lead[i][r][0] > rel * rows[i].step_seconds for r in lead[i]} for i in range(len(rows))]
+    slow = _slow_rows(len(rows), ranks, lead, late, cfg)
     out: list[Straggler] = []
     for r in ranks:
         named = next((i for i in range(len(rows)) if slow[i][r]), None)
