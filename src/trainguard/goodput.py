@@ -20,7 +20,7 @@ from typing import Any
 from trainguard import resume
 from trainguard.clocks import estimate_offsets, reference_host
 from trainguard.errors import InputError
-from trainguard.eventlog import SkippedRecord, SkippedRecords, read_run
+from trainguard.eventlog import SkippedRecord, SkippedRecords
 from trainguard.events import (
     AttemptEnded,
     AttemptStarted,
@@ -41,6 +41,7 @@ from trainguard.plausibility import ExcludedRecord, judge_records
 from trainguard.protocol import RunLayout
 from trainguard.resume import AttemptSteps, ResumePoint, Scenario
 from trainguard.rundir import LoadedEvent, RunDir
+from trainguard.stepfold import LISTED, STEP_RECORDS_KEPT, FoldedRun, FoldedSteps, fold_run
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,6 @@ class Interruption:
     verdict: str
     time_lost_seconds: float
     """Lost progress + detection + restart gap of this attempt, plus start-up and restore of the next."""
-
-
-LISTED = 100
-"""Skipped and excluded records listed one by one in a report; beyond that only counted."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +182,8 @@ def _attempt_steps(records: list[Event], blocks: list[_Block]) -> list[AttemptSt
     for record in records:
         if isinstance(record, StepCompleted):
             numberings[record.attempt].add(record.numbering)
+        elif isinstance(record, FoldedSteps):
+            numberings[record.attempt].update(record.numberings)
         elif isinstance(record, StepSpan):
             numberings[record.attempt].add("")
     ranges: dict[int, tuple[int, int]] = {}
@@ -283,23 +282,25 @@ class _Attempts:
         return self.failures.get(attempt, [])
 
 
-def _load(run: RunDir | str | os.PathLike[str] | list[LoadedEvent],
-          skipped: SkippedRecords) -> tuple[list[LoadedEvent], str, Path | None]:
-    """The run's records, its id ("" for a bare list) and its directory (None for a bare list)."""
+def _load(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | FoldedRun, step_records_kept: int
+          ) -> FoldedRun:
+    """The run's records, read in one pass with step records beyond the cap folded (`trainguard.stepfold`); a
+    bare list is taken as it is."""
+    if isinstance(run, FoldedRun):
+        return run
     if isinstance(run, list):
-        return run, "", None
-    run_dir = run if isinstance(run, RunDir) else RunDir(run)
-    loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(run_dir.root, skipped=skipped)]
-    return loaded, run_dir.run_id, run_dir.root
+        return FoldedRun(items=run, run_id="", root=None, skipped=SkippedRecords(keep=LISTED), excluded=[],
+                         excluded_total=0)
+    return fold_run(run, kept=step_records_kept)
 
 
-def _reading_warnings(skipped: SkippedRecords, excluded: list[ExcludedRecord]) -> list[str]:
+def _reading_warnings(skipped: SkippedRecords, excluded: list[ExcludedRecord], excluded_total: int) -> list[str]:
     warnings = []
     if skipped.total:
         warnings.append(f"{skipped.total} unreadable record(s) skipped (first: {skipped.items[0]}); "
                         "see skipped_records")
     if excluded:
-        warnings.append(f"{len(excluded)} implausible record(s) excluded from the accounting "
+        warnings.append(f"{excluded_total} implausible record(s) excluded from the accounting "
                         f"(first: {excluded[0]}); see excluded_records")
     return warnings
 
@@ -497,23 +498,29 @@ def _interruption(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run
     return None
 
 
-def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) -> GoodputReport:
+def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | FoldedRun, *,
+                    step_records_kept: int = STEP_RECORDS_KEPT) -> GoodputReport:
     """Account for the wall time of a run from its events.
 
     Unusable records (torn, not JSON, wrong types) are skipped by the reader and implausible ones are
-    excluded (`judge_records`); both are listed in the report and counted in its warnings.
+    excluded (`judge_records`); both are listed in the report and counted in its warnings. A run folder is
+    read in one pass; beyond ``step_records_kept`` step records, the rest are folded into spans
+    (`trainguard.stepfold`, docs/goodput.md "Long runs") so memory stays bounded.
     """
-    skipped = SkippedRecords(keep=LISTED)
-    loaded, run_id, root = _load(run, skipped)
-    loaded, excluded = judge_records(loaded)
+    folded = _load(run, step_records_kept)
+    skipped, run_id, root = folded.skipped, folded.run_id, folded.root
+    loaded, judged = judge_records(folded.items)
+    excluded = folded.excluded + judged
+    excluded_total = folded.excluded_total + len(judged)
     if not loaded:
         example = f", first: {excluded[0]}" if excluded else ""
-        raise InputError(f"{run_id or 'run'}: no plausible events ({len(excluded)} excluded{example})")
+        raise InputError(f"{run_id or 'run'}: no plausible events ({excluded_total} excluded{example})")
     records = [item.record for item in loaded]
     reference = reference_host(records)
     offsets = estimate_offsets(records, reference)
     clock = _ReferenceClock(offsets)
-    warnings = _reading_warnings(skipped, excluded) + _clock_warnings(offsets, reference)
+    warnings = (_reading_warnings(skipped, excluded, excluded_total) + _clock_warnings(offsets, reference)
+                + folded.warnings())
     run_started = next((record for record in records if isinstance(record, RunStarted)), None)
     run_ended = final_run_end(records)  # the last one: a requeued job has one per allocation
     if run_ended is None:
@@ -555,7 +562,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
         skipped_records=list(skipped.items),
         skipped_records_total=skipped.total,
         excluded_records=excluded[:LISTED],
-        excluded_records_total=len(excluded),
+        excluded_records_total=excluded_total,
         resume_points=[points[a] for a in sorted(points) if a != min(points)],
         lost_progress_unknown=unknown_note,
     )

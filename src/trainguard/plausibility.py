@@ -72,7 +72,7 @@ class ExcludedRecord:
         return {"writer": self.writer, "line": self.line, "type": self.type, "reason": self.reason}
 
 
-def _intrinsic_problem(e: Event) -> str | None:
+def intrinsic_problem(e: Event) -> str | None:
     """What is wrong with a record on its own, if anything."""
     for name in _DURATIONS:
         v = getattr(e, name, None)
@@ -228,7 +228,7 @@ def _apply_span_rules(judge: _Judge) -> None:
 def judge_records(loaded: list[LoadedEvent]) -> tuple[list[LoadedEvent], list[ExcludedRecord]]:
     """Split records into the plausible ones and the excluded ones (with the rule each broke)."""
     judge = _Judge(loaded)
-    judge.apply(_intrinsic_problem)
+    judge.apply(intrinsic_problem)
     judge.apply(_attempt_rule(judge.records))
     judge.apply(_step_rule(judge.records))
     judge.apply(_time_rule(judge.records))
