@@ -7,7 +7,6 @@ of the accounting and says which rule each broke (docs/goodput.md lists the rule
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,12 +73,17 @@ class ExcludedRecord:
         return {"writer": self.writer, "line": self.line, "type": self.type, "reason": self.reason}
 
 
-@functools.cache
+_CHECKED: dict[type, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
+
+
 def _checked_fields(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The duration, count and size fields a record type has (asked once per type: this runs per record)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return tuple(n for n in _DURATIONS if n in names), tuple(n for n in _COUNTS if n in names), \
-        tuple(n for n in _SIZES if n in names)
+    """The duration, count and size fields a record type has (worked out once per type: this runs per record)."""
+    found = _CHECKED.get(cls)
+    if found is None:
+        names = {f.name for f in dataclasses.fields(cls)}
+        found = _CHECKED[cls] = (tuple(n for n in _DURATIONS if n in names), tuple(n for n in _COUNTS if n in names),
+                                 tuple(n for n in _SIZES if n in names))
+    return found
 
 
 def intrinsic_problem(e: Event) -> str | None:
