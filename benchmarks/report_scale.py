@@ -170,8 +170,14 @@ def main() -> None:
     growth = [{"from": a["files"], "to": b["files"], "size_ratio": round(b["files"] / a["files"], 2),
                "time_ratio": round(b["seconds"] / a["seconds"], 2)} for a, b in itertools.pairwise(rows)]
     single = single_file_rows(args.single_mb, Path(args.tmp))
+    # Linear in records: the time ratio follows the record ratio; bounded memory: the RSS ratio stays near 1.
+    single_growth = [{"from_bytes": a["event_file_bytes"], "to_bytes": b["event_file_bytes"],
+                      "records_ratio": round(b["records"] / a["records"], 2),
+                      "time_ratio": round(b["seconds"] / a["seconds"], 2),
+                      "peak_rss_ratio": round(b["peak_rss_kib"] / a["peak_rss_kib"], 2)}
+                     for a, b in itertools.pairwise(single)]
     print(json.dumps({"benchmark": "report_scale", "runs": rows, "growth": growth, "single_file": single,
-                      "cpus": os.cpu_count()}, indent=2))
+                      "single_file_growth": single_growth, "cpus": os.cpu_count()}, indent=2))
 
 
 if __name__ == "__main__":

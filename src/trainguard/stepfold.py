@@ -2,23 +2,23 @@
 cap they are folded into per-host spans of a window of steps instead of being kept one by one.
 
 Step records are nearly all of a long run's events (docs/goodput.md, "Long runs"). Below the cap nothing is
-folded and the accounting sees exactly the records it always did. Above it, the steps with the lowest
-(attempt, step) numbers stay whole as a sample (clock offsets and stragglers are judged on them), and every
-other step record joins the `FoldedSteps` span of its (attempt, host, window of steps); the window doubles
-whenever the spans pass half the cap, so memory stays bounded whatever the number of records.
+folded and the accounting sees exactly the records it always did. Above it, runs of consecutive steps spread
+evenly over the run stay whole as a sample (clock offsets and stragglers are judged on them), and every other
+step record joins the `FoldedSteps` span of its (attempt, host, window of steps); the window doubles whenever
+the spans pass half the cap and the sample thins whenever it passes a half, so memory stays bounded whatever
+the number of records.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from trainguard.eventlog import SkippedRecords, iter_run
-from trainguard.events import Event, StepCompleted, StepSpan
+from trainguard.events import StepCompleted, StepSpan
 from trainguard.plausibility import ExcludedRecord, intrinsic_problem
 from trainguard.rundir import LoadedEvent, RunDir
 
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 STEP_RECORDS_KEPT = 100_000
 """Step records kept one by one before folding starts (about 50 MB of records; docs/goodput.md)."""
+SAMPLE_RUN_STEPS = 64
+"""Once folding starts, steps stay whole in runs of this many consecutive steps (enough for the straggler
+analysis's 5 windows of 8 steps), every ``stride``-th run, the stride doubling as the run grows."""
 LISTED = 100
 """Excluded records listed one by one; beyond that only counted."""
 FOLDED_WRITER = "(folded steps)"
@@ -89,16 +92,18 @@ class FoldedRun:
     """`FoldedSteps` spans they became."""
     window: int = 1
     """Steps per window at the end."""
-    sample_steps: int = 0
-    """Distinct (attempt, step) keys kept whole once folding started."""
+    sample_stride: int = 0
+    """Once folding started: every this-many-th run of `SAMPLE_RUN_STEPS` steps stayed whole ..."""
+    sample_run: int = SAMPLE_RUN_STEPS
+    """... its first this many steps."""
 
     def warnings(self) -> list[str]:
         """One line saying what folding changed, when it happened."""
         if not self.folded_records:
             return []
         return [f"{self.folded_records} step records folded into {self.spans} spans of up to {self.window} steps "
-                f"per host to bound memory (docs/goodput.md): clock offsets and stragglers are judged on the "
-                f"{self.sample_steps} lowest-numbered steps kept whole"]
+                f"per host to bound memory (docs/goodput.md): clock offsets and stragglers are judged on the steps "
+                f"kept whole, {self.sample_run} of every {self.sample_stride * SAMPLE_RUN_STEPS}"]
 
 
 class StepFolder:
@@ -110,7 +115,8 @@ class StepFolder:
         self.excluded: list[ExcludedRecord] = []
         self.excluded_total = 0
         self._whole_steps = 0
-        self._sample: set[tuple[int, int]] | None = None  # None: nothing folded yet
+        self._stride = 0  # 0: nothing folded yet
+        self._run = SAMPLE_RUN_STEPS
         self._folds: dict[tuple[int, str, int], _Fold] = {}
         self._window = 1
         self.folded_records = 0
@@ -126,37 +132,50 @@ class StepFolder:
         if not isinstance(record, (StepCompleted, StepSpan)):
             self.items.append(item)
             return
-        if self._sample is not None and (record.attempt, _steps_of(record)[0]) not in self._sample:
+        if not self._whole(record):
             self._fold(record)
             return
         self.items.append(item)
         self._whole_steps += 1
         # Before folding starts the cap is ``kept``; after, the sample may grow back to half of it.
-        if self._whole_steps > (self.kept if self._sample is None else self.kept // 2):
+        if self._whole_steps > (self.kept if self._stride == 0 else self.kept // 2):
             self._shrink_sample()
 
+    def _whole(self, record: StepCompleted | StepSpan) -> bool:
+        """Whether a step record stays whole: its step is among the first ``run`` of every ``stride``-th
+        `SAMPLE_RUN_STEPS` steps (always, before folding starts)."""
+        if self._stride == 0:
+            return True
+        block, within = divmod(_steps_of(record)[0] - 1, SAMPLE_RUN_STEPS)
+        return block % self._stride == 0 and within < self._run
+
     def _shrink_sample(self) -> None:
-        """Keep whole the lowest (attempt, step) keys holding at most a quarter of the cap; fold the rest."""
-        counts: dict[tuple[int, int], int] = defaultdict(int)
-        for item in self.items:
-            if isinstance(item.record, (StepCompleted, StepSpan)):
-                counts[(item.record.attempt, _steps_of(item.record)[0])] += 1
-        sample: set[tuple[int, int]] = set()
-        total = 0
-        for key in sorted(counts):
-            if total + counts[key] > self.kept // 4:
-                break
-            sample.add(key)
-            total += counts[key]
-        self._sample = sample
+        """Thin the whole steps to at most a quarter of the cap, evenly over the run: double the stride between
+        the runs of steps kept whole, or, when one run is all that is left, shorten it; fold the rest."""
+        steps = [_steps_of(item.record)[0] - 1 for item in self.items
+                 if isinstance(item.record, (StepCompleted, StepSpan))]
+        self._stride = max(self._stride, 1)
+
+        def whole(stride: int, run: int) -> int:
+            return sum(1 for step in steps if (step // SAMPLE_RUN_STEPS) % stride == 0
+                       and step % SAMPLE_RUN_STEPS < run)
+
+        count = whole(self._stride, self._run)
+        while count > self.kept // 4 and self._run > 0:
+            wider = whole(self._stride * 2, self._run)
+            if wider < count:
+                self._stride, count = self._stride * 2, wider
+            else:  # only the first run of each attempt is left: keep fewer of its steps
+                self._run //= 2
+                count = whole(self._stride, self._run)
         kept: list[LoadedEvent] = []
         for item in self.items:
             record = item.record
-            if isinstance(record, (StepCompleted, StepSpan)) and (record.attempt, _steps_of(record)[0]) not in sample:
+            if isinstance(record, (StepCompleted, StepSpan)) and not self._whole(record):
                 self._fold(record)
             else:
                 kept.append(item)
-        self.items, self._whole_steps = kept, total
+        self.items, self._whole_steps = kept, count
 
     def _fold(self, record: StepCompleted | StepSpan) -> None:
         first, last = _steps_of(record)
@@ -201,8 +220,9 @@ class StepFolder:
             out.append(LoadedEvent(FOLDED_WRITER, 0, span))
         return out
 
-    def sample_steps(self) -> int:
-        return len(self._sample) if self._sample is not None else 0
+    def sample(self) -> tuple[int, int]:
+        """(stride, run): the first ``run`` steps of every ``stride``-th run of `SAMPLE_RUN_STEPS` stay whole."""
+        return self._stride, self._run
 
     @property
     def window(self) -> int:
@@ -223,5 +243,5 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, kept: int = STEP_RECORDS_K
     return FoldedRun(items=folder.items + spans, run_id=run_dir.run_id, root=run_dir.root, skipped=skipped,
                      excluded=folder.excluded, excluded_total=folder.excluded_total,
                      folded_records=folder.folded_records, spans=len(spans), window=folder.window,
-                     sample_steps=folder.sample_steps())
+                     sample_stride=folder.sample()[0], sample_run=folder.sample()[1])
 
