@@ -12,9 +12,9 @@ from trainguard.eventlog import EventWriter
 from trainguard.events import AttemptEnded, AttemptStarted, RunEnded, RunStarted, StepCompleted
 from trainguard.goodput import compute_goodput
 from trainguard.protocol import RunLayout
-from trainguard.rundir import RunDir
+from trainguard.rundir import LoadedEvent, RunDir
 from trainguard.samples import SAMPLE_RUN
-from trainguard.stepfold import FOLDED_WRITER, fold_run
+from trainguard.stepfold import FOLDED_WRITER, FoldedSteps, StepFolder, fold_run
 
 FIGURES = ("ettr", "wall_seconds", "productive_seconds")
 
@@ -116,3 +116,24 @@ def test_memory_does_not_grow_with_the_number_of_records(tmp_path: Path) -> None
     assert large_peak < 1.5 * small_peak, (small_peak, large_peak)
     assert small_ettr == pytest.approx(large_ettr, abs=0.01)
     assert large_ettr > 0.99
+
+
+def test_whole_steps_are_spread_over_the_run_and_spans_stay_under_the_cap() -> None:
+    kept, steps, ranks = 400, 6_000, 4
+    folder = StepFolder(kept)
+    for s in range(1, steps + 1):
+        for r in range(ranks):
+            record = StepCompleted(time=100.0 + s, host=f"h{r // 2}", attempt=0, rank=r, step=s, duration_seconds=1.0,
+                                   numbering="attempt")
+            folder.add(LoadedEvent(f"rank-{r}", s, record))
+        if s % 500 == 0:
+            assert len(folder.items) <= kept and len(folder.spans()) <= kept // 2
+    whole = sorted({item.record.step for item in folder.items if isinstance(item.record, StepCompleted)})
+    assert whole[0] == 1 and whole[-1] > steps // 2, whole  # not only the first steps
+    spans = [item.record for item in folder.spans() if isinstance(item.record, FoldedSteps)]
+    assert len(spans) == len(folder.spans())
+    assert sum(span.records for span in spans) + len(whole) * ranks == steps * ranks
+    assert {n for span in spans for n in span.numberings} == {"attempt"}
+    # Every step is counted once: by its whole records or by the span of its host and window.
+    covered = [s for span in spans if span.host == "h0" for s in range(span.first_step, span.last_step + 1)]
+    assert sorted(covered + whole) == list(range(1, steps + 1))
