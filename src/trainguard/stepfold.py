@@ -119,6 +119,7 @@ class StepFolder:
         self._run = SAMPLE_RUN_STEPS
         self._folds: dict[tuple[int, str, int], _Fold] = {}
         self._window = 1
+        self._widening = False
         self.folded_records = 0
 
     def add(self, item: LoadedEvent) -> None:
@@ -168,14 +169,21 @@ class StepFolder:
             else:  # only the first run of each attempt is left: keep fewer of its steps
                 self._run //= 2
                 count = whole(self._stride, self._run)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Fold the step records kept whole that the sample no longer holds."""
         kept: list[LoadedEvent] = []
+        whole = 0
         for item in self.items:
             record = item.record
-            if isinstance(record, (StepCompleted, StepSpan)) and not self._whole(record):
-                self._fold(record)
-            else:
-                kept.append(item)
-        self.items, self._whole_steps = kept, count
+            if isinstance(record, (StepCompleted, StepSpan)):
+                if not self._whole(record):
+                    self._fold(record)
+                    continue
+                whole += 1
+            kept.append(item)
+        self.items, self._whole_steps = kept, whole
 
     def _fold(self, record: StepCompleted | StepSpan) -> None:
         first, last = _steps_of(record)
@@ -183,7 +191,7 @@ class StepFolder:
         self._take((record.attempt, record.host, (first - 1) // self._window), first, last,
                    record.time - record.duration_seconds, record.time, record.rank, numbering, 1)
         self.folded_records += 1
-        if len(self._folds) > self.kept // 2:
+        if len(self._folds) > self.kept // 2 and not self._widening:
             self._widen()
 
     def _take(self, key: tuple[int, str, int], first: int, last: int, start: float, end: float, rank: int,
@@ -194,8 +202,20 @@ class StepFolder:
         fold.take(first, last, start, end, numbering, records)
 
     def _widen(self) -> None:
-        """Double the window until the spans fit in a quarter of the cap (or no wider window helps)."""
+        """Double the window until the spans fit in a quarter of the cap (or no wider window helps). A window never
+        outgrows the stride of the sample, so no span spans a run of whole steps (its steps would count twice):
+        the sample thins first."""
+        self._widening = True
+        try:
+            self._widen_windows()
+        finally:
+            self._widening = False
+
+    def _widen_windows(self) -> None:
         while len(self._folds) > self.kept // 4:
+            if self._window * 2 > SAMPLE_RUN_STEPS * self._stride:
+                self._stride *= 2
+                self._evict()
             before = len(self._folds)
             old, self._folds, self._window = self._folds, {}, self._window * 2
             for (attempt, host, index), f in old.items():
