@@ -11,6 +11,7 @@ the number of records.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ SAMPLE_RUN_STEPS = 64
 analysis's 5 windows of 8 steps), every ``stride``-th run, the stride doubling as the run grows."""
 LISTED = 100
 """Excluded records listed one by one; beyond that only counted."""
+_COLLECT_EVERY = 100_000
+"""Records read between two collections of the youngest generation (`fold_run`)."""
 FOLDED_WRITER = "(folded steps)"
 """The writer name `FoldedSteps` records carry (they come from no one file)."""
 
@@ -255,8 +258,19 @@ def fold_run(run: RunDir | str | os.PathLike[str], *, kept: int = STEP_RECORDS_K
     run_dir = run if isinstance(run, RunDir) else RunDir(run)
     skipped = SkippedRecords(keep=LISTED)
     folder = StepFolder(kept)
-    for writer, line, record in iter_run(run_dir.root, skipped=skipped):
-        folder.add(LoadedEvent(writer, line, record))
+    # With the collector on, each full collection walks every record read so far, which made reading 20,000
+    # files grow faster than the files (a third of the time). Records make no reference cycles; the youngest
+    # generation is still collected every `_COLLECT_EVERY` records, so a cycle made while reading is freed.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for count, (writer, line, record) in enumerate(iter_run(run_dir.root, skipped=skipped), 1):
+            folder.add(LoadedEvent(writer, line, record))
+            if count % _COLLECT_EVERY == 0:
+                gc.collect(0)
+    finally:
+        if collecting:
+            gc.enable()
     spans = folder.spans()
     if folder.folded_records:
         log.info("%s: %d step records folded into %d spans", run_dir.root, folder.folded_records, len(spans))
