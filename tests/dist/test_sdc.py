@@ -16,7 +16,7 @@ import torch
 
 from trainguard.sdc import verdict as sdc
 from trainguard.core.protocol import RunLayout, WorkerEnv
-from trainguard.worker import sdc as worker_sdc
+from trainguard.sdc import check as worker_sdc
 from trainguard.worker.bootstrap import site_dir
 
 SCRIPT = Path(__file__).parent / "userscripts" / "ddp_tiny.py"

@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainguard"
 
 PURE = (
     "events", "eventlog", "protocol", "rundir", "names", "safefs", "errors", "clocks", "taxonomy", "goodput",
+    "goodput_report", "stepfold",
     "plausibility", "resume", "lemon", "sdc", "thermal", "power", "interval_theory", "localize", "classify", "sim",
     "stragglers.analysis", "stragglers.flight", "launch.watchdog", "launch.blame", "launch.policy",
     "launch.budget",

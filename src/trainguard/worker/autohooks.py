@@ -161,7 +161,7 @@ def on_import(name: str, module: ModuleType) -> None:
         if name == "torch.optim":
             install_optimizer_hooks(module)
             try:
-                from trainguard.worker import sdc
+                from trainguard.sdc import check as sdc
 
                 sdc.install(rt)
             except Exception as exc:  # the check is optional; progress and evidence are not

@@ -157,7 +157,7 @@ def attach(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None = 
         # Every rank calls attach(), so every rank creates this group, in the same order.
         rt.injector.chaos_group = _new_group()
     try:
-        from trainguard.worker import sdc
+        from trainguard.sdc import check as sdc
 
         sdc.install(rt)
     except Exception as exc:  # the check is optional; training is not
