@@ -13,15 +13,17 @@ import heapq
 import logging
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard.accounting import resume
+from trainguard.accounting.goodput_report import GoodputReport, Interruption, root_causes, throughput
 from trainguard.accounting.plausibility import ExcludedRecord, judge_records
 from trainguard.accounting.resume import AttemptSteps, ResumePoint, Scenario
+from trainguard.accounting.stepfold import LISTED, STEP_RECORDS_KEPT, FoldedRun, FoldedSteps, fold_run
 from trainguard.core.clocks import estimate_offsets, reference_host
-from trainguard.core.eventlog import SkippedRecord, SkippedRecords, read_run
+from trainguard.core.eventlog import SkippedRecords
 from trainguard.core.events import (
     AttemptEnded,
     AttemptStarted,
@@ -55,99 +57,6 @@ BUCKETS = ("checkpoint_save", "checkpoint_restore", "lost_progress", "detection"
 _PRIORITY = ("checkpoint_save", "checkpoint_restore", "straggler", PRODUCTIVE, "lost_progress", "detection", "startup",
              "restart")
 _RANK = {label: i for i, label in enumerate(_PRIORITY)}
-
-
-@dataclass(frozen=True)
-class Interruption:
-    """One failure or planned interruption and what it cost."""
-
-    time_seconds: float
-    """When it was detected, seconds since the run started."""
-    attempt: int
-    kind: str
-    planned: bool
-    step: int | None
-    ranks: tuple[int, ...]
-    hosts: tuple[str, ...]
-    detection_latency_seconds: float
-    category: str
-    group: str
-    culprit_ranks: tuple[int, ...]
-    culprit_hosts: tuple[str, ...]
-    verdict: str
-    time_lost_seconds: float
-    """Lost progress + detection + restart gap of this attempt, plus start-up and restore of the next."""
-
-
-LISTED = 100
-"""Skipped and excluded records listed one by one in a report; beyond that only counted."""
-
-
-@dataclass(frozen=True)
-class GoodputReport:
-    """Everything `trainguard report` shows about one run."""
-
-    run_id: str
-    status: str
-    synthetic: bool
-    wall_seconds: float
-    productive_seconds: float
-    badput_seconds: dict[str, float]
-    attempts: int
-    completed_steps: int
-    target_steps: int | None
-    interruptions: list[Interruption]
-    steps_per_second: list[tuple[float, float]]
-    """(seconds since start, steps completed per second in the bin starting there)."""
-    root_causes: list[dict[str, Any]]
-    clock_offsets_seconds: dict[str, float]
-    warnings: list[str] = field(default_factory=list)
-    skipped_records: list[SkippedRecord] = field(default_factory=list)
-    """Records the reader could not use (torn, not JSON, wrong field types), the first `LISTED` of them."""
-    skipped_records_total: int = 0
-    """How many records were skipped in all."""
-    excluded_records: list[ExcludedRecord] = field(default_factory=list)
-    """Readable but implausible records left out of the accounting, the first `LISTED` of them."""
-    excluded_records_total: int = 0
-    """How many records were excluded in all."""
-    resume_points: list[ResumePoint] = field(default_factory=list)
-    """Where each attempt with steps continued from, and how that is known (`trainguard.accounting.resume`)."""
-    lost_progress_unknown: dict[str, Any] | None = None
-    """When some attempt's resume point is unknown: those attempts, and the lost progress, ETTR and completed
-    steps had they started over (the report's own figures assume they did not redo anything)."""
-
-    @property
-    def ettr(self) -> float:
-        return self.productive_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "status": self.status,
-            "synthetic": self.synthetic,
-            "ettr": self.ettr,
-            "wall_seconds": self.wall_seconds,
-            "productive_seconds": self.productive_seconds,
-            "badput_seconds": dict(self.badput_seconds),
-            "attempts": self.attempts,
-            "completed_steps": self.completed_steps,
-            "target_steps": self.target_steps,
-            "interruptions": [
-                {**i.__dict__, "ranks": list(i.ranks), "hosts": list(i.hosts),
-                 "culprit_ranks": list(i.culprit_ranks), "culprit_hosts": list(i.culprit_hosts)}
-                for i in self.interruptions
-            ],
-            "steps_per_second": [{"t_seconds": t, "steps_per_second": r} for t, r in self.steps_per_second],
-            "root_causes": self.root_causes,
-            "clock_offsets_seconds": self.clock_offsets_seconds,
-            "warnings": self.warnings,
-            "skipped_records": [r.to_json() for r in self.skipped_records],
-            "skipped_records_total": self.skipped_records_total,
-            "excluded_records": [r.to_json() for r in self.excluded_records],
-            "excluded_records_total": self.excluded_records_total,
-            "resume_points": [p.to_json() for p in self.resume_points],
-            "lost_progress_unknown": self.lost_progress_unknown,
-        }
 
 
 @dataclass
@@ -185,6 +94,8 @@ def _attempt_steps(records: list[Event], blocks: list[_Block]) -> list[AttemptSt
     for record in records:
         if isinstance(record, StepCompleted):
             numberings[record.attempt].add(record.numbering)
+        elif isinstance(record, FoldedSteps):
+            numberings[record.attempt].update(record.numberings)
         elif isinstance(record, StepSpan):
             numberings[record.attempt].add("")
     ranges: dict[int, tuple[int, int]] = {}
@@ -283,23 +194,25 @@ class _Attempts:
         return self.failures.get(attempt, [])
 
 
-def _load(run: RunDir | str | os.PathLike[str] | list[LoadedEvent],
-          skipped: SkippedRecords) -> tuple[list[LoadedEvent], str, Path | None]:
-    """The run's records, its id ("" for a bare list) and its directory (None for a bare list)."""
+def _load(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | FoldedRun, step_records_kept: int
+          ) -> FoldedRun:
+    """The run's records, read in one pass with step records beyond the cap folded (`trainguard.accounting.stepfold`); a
+    bare list is taken as it is."""
+    if isinstance(run, FoldedRun):
+        return run
     if isinstance(run, list):
-        return run, "", None
-    run_dir = run if isinstance(run, RunDir) else RunDir(run)
-    loaded = [LoadedEvent(writer, line, record) for writer, line, record in read_run(run_dir.root, skipped=skipped)]
-    return loaded, run_dir.run_id, run_dir.root
+        return FoldedRun(items=run, run_id="", root=None, skipped=SkippedRecords(keep=LISTED), excluded=[],
+                         excluded_total=0)
+    return fold_run(run, kept=step_records_kept)
 
 
-def _reading_warnings(skipped: SkippedRecords, excluded: list[ExcludedRecord]) -> list[str]:
+def _reading_warnings(skipped: SkippedRecords, excluded: list[ExcludedRecord], excluded_total: int) -> list[str]:
     warnings = []
     if skipped.total:
         warnings.append(f"{skipped.total} unreadable record(s) skipped (first: {skipped.items[0]}); "
                         "see skipped_records")
     if excluded:
-        warnings.append(f"{len(excluded)} implausible record(s) excluded from the accounting "
+        warnings.append(f"{excluded_total} implausible record(s) excluded from the accounting "
                         f"(first: {excluded[0]}); see excluded_records")
     return warnings
 
@@ -497,23 +410,29 @@ def _interruption(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run
     return None
 
 
-def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) -> GoodputReport:
+def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | FoldedRun, *,
+                    step_records_kept: int = STEP_RECORDS_KEPT) -> GoodputReport:
     """Account for the wall time of a run from its events.
 
     Unusable records (torn, not JSON, wrong types) are skipped by the reader and implausible ones are
-    excluded (`judge_records`); both are listed in the report and counted in its warnings.
+    excluded (`judge_records`); both are listed in the report and counted in its warnings. A run folder is
+    read in one pass; beyond ``step_records_kept`` step records, the rest are folded into spans
+    (`trainguard.accounting.stepfold`, docs/goodput.md "Long runs") so memory stays bounded.
     """
-    skipped = SkippedRecords(keep=LISTED)
-    loaded, run_id, root = _load(run, skipped)
-    loaded, excluded = judge_records(loaded)
+    folded = _load(run, step_records_kept)
+    skipped, run_id, root = folded.skipped, folded.run_id, folded.root
+    loaded, judged = judge_records(folded.items)
+    excluded = folded.excluded + judged
+    excluded_total = folded.excluded_total + len(judged)
     if not loaded:
         example = f", first: {excluded[0]}" if excluded else ""
-        raise InputError(f"{run_id or 'run'}: no plausible events ({len(excluded)} excluded{example})")
+        raise InputError(f"{run_id or 'run'}: no plausible events ({excluded_total} excluded{example})")
     records = [item.record for item in loaded]
     reference = reference_host(records)
     offsets = estimate_offsets(records, reference)
     clock = _ReferenceClock(offsets)
-    warnings = _reading_warnings(skipped, excluded) + _clock_warnings(offsets, reference)
+    warnings = (_reading_warnings(skipped, excluded, excluded_total) + _clock_warnings(offsets, reference)
+                + folded.warnings())
     run_started = next((record for record in records if isinstance(record, RunStarted)), None)
     run_ended = final_run_end(records)  # the last one: a requeued job has one per allocation
     if run_ended is None:
@@ -548,14 +467,14 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent]) ->
         completed_steps=completed,
         target_steps=run_started.target_steps if run_started else None,
         interruptions=interruptions,
-        steps_per_second=_throughput(blocks, run_start, run_end),
-        root_causes=_root_causes(interruptions),
+        steps_per_second=throughput([(b.start, b.end, b.last - b.first + 1) for b in blocks], run_start, run_end),
+        root_causes=root_causes(interruptions),
         clock_offsets_seconds={host: offset for host, offset in offsets.items() if offset},
         warnings=warnings,
         skipped_records=list(skipped.items),
         skipped_records_total=skipped.total,
         excluded_records=excluded[:LISTED],
-        excluded_records_total=len(excluded),
+        excluded_records_total=excluded_total,
         resume_points=[points[a] for a in sorted(points) if a != min(points)],
         lost_progress_unknown=unknown_note,
     )
@@ -658,41 +577,3 @@ def _straggler_intervals(found: list[Any], redo_from: dict[int, float],
     """``[end - saved, end]`` of every kept step a named straggler slowed: the time it would not have taken."""
     return [(end - saved, end, "straggler", attempt) for s in found for attempt, step, end, saved in s.saved_by_step
             if saved > 0 and step + shift.get(attempt, 0) < redo_from.get(attempt, float("inf"))]
-
-
-def _throughput(blocks: list[_Block], lo: float, hi: float, bins: int = 60) -> list[tuple[float, float]]:
-    """Executed steps per second in ``bins`` equal bins over the run (steps of a span spread evenly)."""
-    if hi <= lo:
-        return []
-    width = (hi - lo) / bins
-    counts = [0.0] * bins
-
-    def bin_of(x: float) -> int:
-        # Clamp before int(): with a tiny width the quotient can overflow to infinity.
-        return int(min(max((x - lo) / width, -1.0), float(bins)))
-
-    for b in blocks:
-        n = b.last - b.first + 1
-        i0, i1 = bin_of(b.start), bin_of(b.end)
-        if b.end <= b.start:
-            counts[min(max(i0, 0), bins - 1)] += n
-            continue
-        # Spread the block's steps over its interval, bin by bin.
-        for i in range(max(i0, 0), min(i1, bins - 1) + 1):
-            s, e = max(b.start, lo + i * width), min(b.end, lo + (i + 1) * width)
-            counts[i] += n * max(e - s, 0.0) / (b.end - b.start)
-    return [(i * width, c / width) for i, c in enumerate(counts)]
-
-
-def _root_causes(interruptions: list[Interruption]) -> list[dict[str, Any]]:
-    """Llama 3 Table 5 style: category, group, count, share of interruptions, time lost."""
-    unexpected = [i for i in interruptions if not i.planned]
-    rows: dict[tuple[str, str], list[Interruption]] = defaultdict(list)
-    for i in unexpected:
-        rows[(i.category, i.group)].append(i)
-    table = [
-        {"category": c, "group": g, "count": len(items), "share": len(items) / len(unexpected),
-         "time_lost_seconds": sum(i.time_lost_seconds for i in items)}
-        for (c, g), items in rows.items()
-    ]
-    return sorted(table, key=lambda r: (-r["count"], r["category"]))

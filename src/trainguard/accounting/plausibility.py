@@ -6,6 +6,7 @@ of the accounting and says which rule each broke (docs/goodput.md lists the rule
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,18 +73,32 @@ class ExcludedRecord:
         return {"writer": self.writer, "line": self.line, "type": self.type, "reason": self.reason}
 
 
-def _intrinsic_problem(e: Event) -> str | None:
+_CHECKED: dict[type, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _checked_fields(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The duration, count and size fields a record type has (worked out once per type: this runs per record)."""
+    found = _CHECKED.get(cls)
+    if found is None:
+        names = {f.name for f in dataclasses.fields(cls)}
+        found = _CHECKED[cls] = (tuple(n for n in _DURATIONS if n in names), tuple(n for n in _COUNTS if n in names),
+                                 tuple(n for n in _SIZES if n in names))
+    return found
+
+
+def intrinsic_problem(e: Event) -> str | None:
     """What is wrong with a record on its own, if anything."""
-    for name in _DURATIONS:
+    durations, counts, sizes = _checked_fields(type(e))
+    for name in durations:
         v = getattr(e, name, None)
         if isinstance(v, (int, float)) and v < 0:
             return f"negative {name} ({v:g})"
-    for name in _COUNTS:
+    for name in counts:
         v = getattr(e, name, None)
         if isinstance(v, int) and v < 0 and not (isinstance(e, FaultInjected) and name == "rank"
                                                  and v == NODE_FAULT_RANK):
             return f"negative {name} ({v})"
-    for name in _SIZES:
+    for name in sizes:
         v = getattr(e, name, None)
         if isinstance(v, int) and v > MAX_WORLD_SIZE:
             return f"{name} {v} beyond {MAX_WORLD_SIZE:,}"
@@ -228,7 +243,7 @@ def _apply_span_rules(judge: _Judge) -> None:
 def judge_records(loaded: list[LoadedEvent]) -> tuple[list[LoadedEvent], list[ExcludedRecord]]:
     """Split records into the plausible ones and the excluded ones (with the rule each broke)."""
     judge = _Judge(loaded)
-    judge.apply(_intrinsic_problem)
+    judge.apply(intrinsic_problem)
     judge.apply(_attempt_rule(judge.records))
     judge.apply(_step_rule(judge.records))
     judge.apply(_time_rule(judge.records))

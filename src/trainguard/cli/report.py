@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.accounting.goodput import compute_goodput
+    from trainguard.accounting.stepfold import fold_run
     from trainguard.cli.output import print_json, print_text
     from trainguard.report.drains import drain_section, render_drains
     from trainguard.report.terminal import render_report
@@ -29,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         from trainguard.web.render import require
 
         require("jinja2", "plotly", what="report --html")  # before any work: a missing extra is a usage error
-    report = compute_goodput(args.run_dir)
+    run = fold_run(args.run_dir)  # one pass over the events, bounded memory (docs/goodput.md "Long runs")
+    report = compute_goodput(run)
     if args.html:
         from trainguard.report.html import write_html
 
@@ -37,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print_text(f"trainguard report: HTML report written to {written}", file=sys.stderr)
         if not args.json:  # the file is what was asked for: the terminal report is not printed beside it
             return EXIT_OK
-    extra = run_sections(args.run_dir)
-    drains = drain_section(args.run_dir)  # the nodes the run drained in the scheduler (docs/operations.md)
+    extra = run_sections(run)
+    drains = drain_section(run)  # the nodes the run drained in the scheduler (docs/operations.md)
     if args.json:
         print_json({**report.to_json(), **extra, **drains})
     else:

@@ -12,12 +12,17 @@ from trainguard.core.events import NodeDrained
 
 
 def drain_section(run_dir: Any) -> dict[str, Any]:
-    """``{"drains": [...]}``: every drain decision of the run, oldest first."""
-    from trainguard.core.eventlog import SkippedRecords
+    """``{"drains": [...]}``: every drain decision of the run, oldest first; ``run_dir`` may also be a run already
+    read by `trainguard.accounting.stepfold.fold_run`."""
+    from trainguard.accounting.stepfold import FoldedRun
+    from trainguard.core.eventlog import SkippedRecords, iter_run
     from trainguard.core.rundir import RunDir
 
-    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    found = [item.record for item in rd.load(skipped=SkippedRecords()) if isinstance(item.record, NodeDrained)]
+    if isinstance(run_dir, FoldedRun):
+        found = [item.record for item in run_dir.items if isinstance(item.record, NodeDrained)]
+    else:
+        root = run_dir.root if isinstance(run_dir, RunDir) else run_dir
+        found = [record for _, _, record in iter_run(root, skipped=SkippedRecords()) if isinstance(record, NodeDrained)]
     found.sort(key=lambda r: r.time)
     return {"drains": [{"time": r.time, "node": r.node, "status": r.status, "cause": r.cause, "reason": r.reason,
                         "scheduler": r.scheduler, "attempt": r.attempt, "decided_by": r.host, "detail": r.detail}

@@ -29,14 +29,14 @@ def sections(records: Sequence[Event], root: Any = None) -> dict[str, Any]:
 
 
 def run_sections(run_dir: Any) -> dict[str, Any]:
-    """`sections` of a run directory, over the same plausible records the goodput report accounts."""
+    """`sections` of a run directory (or of a run already read by `trainguard.accounting.stepfold.fold_run`),
+    over the same plausible records the goodput report accounts."""
     from trainguard.accounting.goodput import judge_records
-    from trainguard.core.eventlog import SkippedRecords
-    from trainguard.core.rundir import RunDir
+    from trainguard.accounting.stepfold import FoldedRun, fold_run
 
-    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    kept, _ = judge_records(rd.load(skipped=SkippedRecords()))
-    return sections([item.record for item in kept], rd.root)
+    folded = run_dir if isinstance(run_dir, FoldedRun) else fold_run(run_dir)
+    kept, _ = judge_records(folded.items)
+    return sections([item.record for item in kept], folded.root)
 
 
 def _r(x: float | None) -> str:
