@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,59 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
+
+
+class TinyJob:
+    """The tiny deterministic model, optimizer and per-rank data stream the checkpoint test jobs train
+    (this script's and `_memtier_train`'s): one gloo all-reduce of the gradients per step."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        self.world = world
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        for p in self.model.parameters():  # initialised optimizer state, so its structure matches checkpoints
+            self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        self.gen = torch.Generator().manual_seed(1000 + rank)  # per-rank data stream: rank-local state
+
+    def snapshot(self, step: int) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.opt.state_dict(),
+            "step": step,
+            "rank_local": {"rng": self.gen.get_state(), "position": step},
+        }
+
+    def restore(self, ckpt: Any) -> int:
+        """Restore from ``ckpt`` (a `trainguard.Checkpointer`); the step restored, 0 for none."""
+        state = self.snapshot(0)
+        start = ckpt.restore(state) or 0
+        if start:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optim"])
+            self.gen.set_state(state["rank_local"]["rng"])
+            assert state["rank_local"]["position"] == start == state["step"], state
+        return int(start)
+
+    def step(self) -> float:
+        """One training step; the loss averaged over the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        x = torch.randn(4, 8, generator=self.gen)
+        y = (x.sum(dim=1, keepdim=True) * 0.5).sin()
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        for p in self.model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
+        self.opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return float(total) / self.world
 
 def launch(
     tmp: Path,
@@ -150,47 +204,16 @@ def main() -> int:
         keep_last=10, interval=IntervalPolicy.every_steps(args.save_every), timeout_seconds=args.ckpt_timeout
     )
     ckpt = Checkpointer(args.dir, config, events=events, hooks=hooks if mine else None)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for p in model.parameters():  # initialised optimizer state, so its structure matches checkpoints
-        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    gen = torch.Generator().manual_seed(1000 + args.rank)  # per-rank data stream: rank-local state
-
-    def snapshot(step: int) -> dict:
-        return {
-            "model": model.state_dict(),
-            "optim": opt.state_dict(),
-            "step": step,
-            "rank_local": {"rng": gen.get_state(), "position": step},
-        }
-
-    state = snapshot(0)
-    start = ckpt.restore(state) or 0
-    if start:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        gen.set_state(state["rank_local"]["rng"])
-        assert state["rank_local"]["position"] == start == state["step"], state
+    job = TinyJob(args.rank, args.world)
+    start = job.restore(ckpt)
     losses: dict[int, float] = {}
     result = {"start": start, "losses": losses, "error": ""}
     code = 0
     try:
         for step in range(start + 1, args.steps + 1):
-            x = torch.randn(4, 8, generator=gen)
-            y = (x.sum(dim=1, keepdim=True) * 0.5).sin()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad /= args.world
-            opt.step()
-            total = loss.detach().clone()
-            dist.all_reduce(total)
-            losses[step] = float(total) / args.world
+            losses[step] = job.step()
             if ckpt.should_save(step):
-                ckpt.save(step, snapshot(step))
+                ckpt.save(step, job.snapshot(step))
         ckpt.close()
     except CheckpointError as exc:
         result["error"] = str(exc)

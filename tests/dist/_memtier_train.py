@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _ckpt_train import ROOT, free_port
+from _ckpt_train import ROOT, TinyJob, free_port
 
 SECRET = "memory-tier-test-secret-0123456789"
 
@@ -88,24 +88,8 @@ def main() -> int:
         memory_gb=0.05, memory_every_steps=1, memory_root=args.shm, memory_address="127.0.0.1",
     )
     ckpt = Checkpointer(args.dir, config, hooks=MidCopy())
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for p in model.parameters():
-        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    gen = torch.Generator().manual_seed(1000 + args.rank)
-
-    def snapshot(step: int) -> dict:
-        return {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                "rank_local": {"rng": gen.get_state(), "position": step}}
-
-    state = snapshot(0)
-    start = ckpt.restore(state) or 0
-    if start:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        gen.set_state(state["rank_local"]["rng"])
-        assert state["rank_local"]["position"] == start == state["step"], state
+    job = TinyJob(args.rank, args.world)
+    start = job.restore(ckpt)
     tier = ckpt.last_restore.tier if ckpt.last_restore else ("storage" if start else "")
     losses: dict[int, float] = {}
     result = {"start": start, "tier": tier, "storage_bytes": ckpt.last_restore_storage_bytes, "losses": losses}
@@ -113,22 +97,11 @@ def main() -> int:
         if args.fault == "crash" and mine and step == args.fault_step + 1:
             ckpt.wait()  # the copy of the step before finished (checksum and replica): then the rank dies
             os.kill(os.getpid(), signal.SIGKILL)
-        x = torch.randn(4, 8, generator=gen)
-        y = (x.sum(dim=1, keepdim=True) * 0.5).sin()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= args.world
-        opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses[step] = float(total) / args.world
+        losses[step] = job.step()
         if ckpt.should_save(step):
-            ckpt.save(step, snapshot(step))
+            ckpt.save(step, job.snapshot(step))
         elif ckpt.should_save_to_memory(step):
-            ckpt.save_to_memory(step, snapshot(step))
+            ckpt.save_to_memory(step, job.snapshot(step))
     ckpt.close()
     Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()

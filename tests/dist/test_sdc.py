@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard.sdc import verdict as sdc
 from trainguard.core.protocol import RunLayout, WorkerEnv
 from trainguard.sdc import check as worker_sdc
+from trainguard.sdc import verdict as sdc
 from trainguard.worker.bootstrap import site_dir
 
 SCRIPT = Path(__file__).parent / "userscripts" / "ddp_tiny.py"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.localize import safe_unpickle
 from trainguard.core.protocol import read_heartbeat
+from trainguard.localize import safe_unpickle
 from trainguard.worker.control import request
 
 SCRIPT = r'''
