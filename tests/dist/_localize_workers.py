@@ -50,6 +50,21 @@ def _dump(path: Path) -> None:
     tmp.rename(path)
 
 
+def _dump_when_set(out: Path, rank: int) -> threading.Event:
+    """An event that, once set, makes a thread write this rank's dump a second later (the job has failed by
+    then: the dump shows where every live rank waits), then its ready flag."""
+    final = threading.Event()
+
+    def dumper() -> None:
+        final.wait()
+        time.sleep(1.0)
+        _dump(out / f"fr_trace_rank_{rank}.pkl")
+        (out / f"ready_rank_{rank}.flag").write_text("ok")
+
+    threading.Thread(target=dumper, daemon=True).start()
+    return final
+
+
 _P2P_TIMEOUT = 4.0
 """Process-group timeout of the send/recv scenarios: short, so the run also shows gloo after it."""
 
@@ -115,15 +130,7 @@ def _tp_die_job(world: int, out: Path, rank: int, tp_size: int, dead: int) -> No
     # every rank creates every group, in the same order, as torch requires
     groups = [dist.new_group(list(range(s, s + tp_size))) for s in range(0, world, tp_size)]
     mine = groups[rank // tp_size]
-    final = threading.Event()
-
-    def dumper() -> None:
-        final.wait()
-        time.sleep(1.0)
-        _dump(out / f"fr_trace_rank_{rank}.pkl")
-        (out / f"ready_rank_{rank}.flag").write_text("ok")
-
-    threading.Thread(target=dumper, daemon=True).start()
+    final = _dump_when_set(out, rank)
     t = torch.ones(4)
     try:
         for step in range(1, 5):
@@ -162,15 +169,7 @@ def main() -> None:
         g01 = dist.new_group([0, 1])
         g23 = dist.new_group([2, 3])
         mine = g01 if rank < 2 else g23
-    final = threading.Event()
-
-    def dumper() -> None:
-        final.wait()
-        time.sleep(1.0)
-        _dump(out / f"fr_trace_rank_{rank}.pkl")
-        (out / f"ready_rank_{rank}.flag").write_text("ok")
-
-    threading.Thread(target=dumper, daemon=True).start()
+    final = _dump_when_set(out, rank)
     t = torch.ones(4)
     steps = 4
     try:
