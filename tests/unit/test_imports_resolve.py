@@ -31,18 +31,15 @@ def _trainguard_imports() -> list[tuple[str, int, str, str | None]]:
 
 
 def _resolves(module: str, name: str | None) -> bool:
-    if importlib.util.find_spec(module) is None:
+    spec = importlib.util.find_spec(module)
+    if spec is None:
         return False
     if name is None or name == "*":
         return True
-    if importlib.util.find_spec(f"{module}.{name}") is not None if _is_package(module) else False:
-        return True
+    if spec.submodule_search_locations is not None \
+            and importlib.util.find_spec(f"{module}.{name}") is not None:
+        return True  # a submodule of a package
     return hasattr(importlib.import_module(module), name)
-
-
-def _is_package(module: str) -> bool:
-    spec = importlib.util.find_spec(module)
-    return spec is not None and spec.submodule_search_locations is not None
 
 
 def test_the_scan_sees_lazy_imports() -> None:
