@@ -22,7 +22,7 @@ from typing import Any
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory_holder import STATE_FILE, read_line, signed, unsigned
 from trainguard.checkpoint.memory_meta import CopyMeta
-from trainguard.launch.lifetime import TAG_ENV as PROCESS_TAG_ENV
+from trainguard.launch.lifetime import untagged_environ
 from trainguard.launch.store_auth import StoreSigner
 
 START_SECONDS = 20.0
@@ -136,7 +136,7 @@ def ensure_holder(
         # Not the rank's process tag: the agent ends tagged processes that outlive their rank at the end of
         # each attempt, and the holder must outlive a crashed rank (it ends itself with the job's launcher).
         # Its stderr goes to its own log, not to a pipe a caller of the rank may be waiting on.
-        env = {k: v for k, v in os.environ.items() if k != PROCESS_TAG_ENV}
+        env = untagged_environ()
         log_fd = os.open(node_dir / "holder.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600)
         try:

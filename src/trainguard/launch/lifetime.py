@@ -42,6 +42,12 @@ TAG_ENV = "TRAINGUARD_PROCESS_TAG"
 """The environment variable that marks a run's processes: ``<token>.<attempt>``."""
 
 
+def untagged_environ() -> dict[str, str]:
+    """This process's environment without the run's process tag: for a process that must not be swept with
+    the workers (the lifeline itself, a node's checkpoint-memory holder), and ends itself with the job."""
+    return {k: v for k, v in os.environ.items() if k != TAG_ENV}
+
+
 def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as fh:
@@ -176,7 +182,7 @@ class ProcessTracker:
         """Start the process that sweeps this run's processes when the agent dies (any way it dies)."""
         if self._lifeline is not None or not sys.platform.startswith("linux"):
             return
-        env = {k: v for k, v in os.environ.items() if k != TAG_ENV}
+        env = untagged_environ()
         try:
             self._lifeline = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), "--lifeline", self.token],
