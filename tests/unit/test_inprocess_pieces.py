@@ -75,10 +75,12 @@ def test_configuration_rules() -> None:
     assert _cfg(in_process=True, warm_spares=2).warm_spares == 2
     with pytest.raises(ValueError, match="in_process supports one node"):
         _cfg(in_process=True, max_nodes=2)
-    with pytest.raises(ValueError, match="warm_spares needs in_process"):
-        _cfg(warm_spares=1)
+    assert _cfg().warm_spares == -1  # automatic sizing by default, whole-process restarts included
+    assert _cfg(warm_spares=1).warm_spares == 1  # no longer tied to --in-process
+    with pytest.raises(ValueError, match="warm_spares needs a Python script"):
+        _cfg(warm_spares=1, no_python=True)
     with pytest.raises(ValueError, match="warm_spares"):
-        _cfg(in_process=True, warm_spares=-1)
+        _cfg(in_process=True, warm_spares=-2)
     with pytest.raises(ValueError, match="in_process_timeout_seconds"):
         _cfg(in_process=True, in_process_timeout_seconds=0.0)
 

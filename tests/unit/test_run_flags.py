@@ -114,7 +114,7 @@ def test_every_field_has_a_section_and_every_flag_a_field() -> None:
 def test_ranges_come_from_the_settings() -> None:
     base = {"command": ("t.py",), "run_dir": Path("/tmp/r"), "run_id": "r", "node_id": "n",
             "rdzv_endpoint": "127.0.0.1:1"}
-    with pytest.raises(ValueError, match=r"^warm_spares must be a whole number from 0 to 64, got 65$"):
+    with pytest.raises(ValueError, match=r"^warm_spares must be a whole number from -1 to 64, got 65$"):
         SupervisorConfig(**base, warm_spares=65)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^node_lost_timeout_seconds must be a number from 2 to 3600"):
         SupervisorConfig(**base, node_lost_timeout_seconds=float("nan"))  # type: ignore[arg-type]

@@ -88,6 +88,9 @@ class AttemptStarted(Event):
     """How the attempt's workers came up: ``""`` (not said: the first launch, older files), ``restart`` (every
     worker launched anew) or ``in-process`` (surviving ranks re-entered their training function, only the
     failed ranks got new processes; see `InProcessRecovery`)."""
+    warm_starts: int = 0
+    """Local ranks of this attempt on this host whose processes were warm spares (interpreters started
+    ahead with torch and the script's imports loaded) rather than cold starts."""
 
 
 @dataclass(frozen=True, kw_only=True)

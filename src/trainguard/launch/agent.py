@@ -28,6 +28,7 @@ import importlib
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -61,10 +62,11 @@ from trainguard.launch.policy import AttemptOutcome
 from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
+from trainguard.launch.warm import FILL_AFTER_SECONDS, WarmSpares
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.sdc import verdict as sdc
 from trainguard.sdc.response import CorruptionResponse
-from trainguard.torch_api.elastic import ElasticAgentBase
+from trainguard.torch_api.elastic import Adopt, ElasticAgentBase, can_adopt
 from trainguard.torch_api.features import probe
 
 if TYPE_CHECKING:
@@ -126,6 +128,7 @@ class GuardAgent(ElasticAgentBase):
         self._init_failure_path(cfg, tuple(spec.args))
         self._attempt_closed = True
         self._last_alive_mono = time.monotonic()
+        self._attempt_mono = self._last_alive_mono
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self._warned_no_bootstrap = False
@@ -142,7 +145,11 @@ class GuardAgent(ElasticAgentBase):
         self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
         """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
         _preload_failure_path()
-        self.inprocess = InProcessRestarts.build(cfg, worker_args)
+        self.spares = WarmSpares.build(cfg.warm_spares, cfg.nproc_per_node, not cfg.no_python, worker_args,
+                                       cfg.layout.logs_base / "spares", cfg.stop_grace_seconds)
+        """Interpreters with torch and the script's imports loaded, ready to take restarted ranks
+        (`trainguard.launch.warm`); None: off."""
+        self.inprocess = InProcessRestarts.build(cfg, self.spares)
         """In-process restarts (``--in-process``, `trainguard.launch.inprocess`); None: whole-process restarts."""
 
     def _straggler_watch(self, spec: Any) -> AgentWatch:
@@ -269,22 +276,57 @@ class GuardAgent(ElasticAgentBase):
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.corruption.rollback()
-        self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "")
+        warm = self._claim_spares(worker_group)
+        self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "", warm_starts=len(warm))
         self.signals.check()
-        pids = self.torch_start_workers(worker_group)
+        pids = self.torch_start_workers(worker_group, self._adopter(warm) if warm else None)
         self.signals.install()  # torch's process context registered its own handlers, which forget a signal
         return pids
 
-    def open_attempt(self, worker_group: WorkerGroup, recovery: str) -> None:
+    def _claim_spares(self, wg: WorkerGroup) -> list[int]:
+        """Local ranks a waiting warm spare will take at this (re)start: one per rank while they last."""
+        if self.spares is None or self.attempt == 0 or not can_adopt():
+            return []
+        return [w.local_rank for w in wg.workers][:self.spares.alive()]
+
+    def _adopter(self, ranks: list[int]) -> Adopt:
+        """What torch's process start asks for each local rank: a warm spare for ``ranks``, else None (cold)."""
+        spares = self.spares
+
+        def adopt(local_rank: int, env: dict[str, str], stdout: str | None, stderr: str | None
+                  ) -> subprocess.Popen[bytes] | None:
+            if spares is None or local_rank not in ranks:
+                return None
+            proc = spares.take(env, stdout, stderr)
+            if proc is not None:
+                log.info("restart: warm spare pid %d takes local rank %d", proc.pid, local_rank)
+            return proc
+
+        return adopt
+
+    def _fill_spares(self, beats: dict[int, Heartbeat | None], mono: float) -> None:
+        """Top the warm spares up, not while an in-process recovery is under way (a starting spare competes
+        for the CPUs) and, for an automatically sized pool, only once this attempt is training
+        (`trainguard.launch.warm.FILL_AFTER_SECONDS`)."""
+        if self.spares is None or (self.inprocess is not None and self.inprocess.pending is not None):
+            return
+        if not self.spares.eager:
+            trained = any(b is not None and b.steps_done > 0 for b in beats.values())
+            if not trained or mono - self._attempt_mono < FILL_AFTER_SECONDS:
+                return
+        self.spares.fill()
+    def open_attempt(self, worker_group: WorkerGroup, recovery: str, warm_starts: int = 0) -> None:
         """Folders, watchdog and ``AttemptStarted`` of ``self.attempt`` (a launch or an in-process restart)."""
         make_dirs(self.diag_dir())
         mono = time.monotonic()
+        self._attempt_mono = mono
         self.watchdog.new_attempt(mono)
         self._last_alive_mono = mono
         resume = latest_checkpoint(self.cfg.checkpoint_dir)
         ws = worker_group.workers[0].world_size if worker_group.workers else 0
         self.emit(AttemptStarted(time=time.time(), host=self.cfg.node_id, attempt=self.attempt, world_size=ws,
-                                 hosts=(self.cfg.node_id,), resume_step=resume, recovery=recovery))
+                                 hosts=(self.cfg.node_id,), resume_step=resume, recovery=recovery,
+                                 warm_starts=warm_starts))
         self._attempt_closed = False
         self._early = None
         self.watch.on_attempt(self.attempt)
@@ -362,6 +404,7 @@ class GuardAgent(ElasticAgentBase):
         if verdict is not None:
             return self._on_hang(wg, verdict, time.time(), mono)
         self._last_alive_mono = mono
+        self._fill_spares(beats, mono)
         leave = self.watch.poll(lambda: live_ranks(wg, set()), self.leader)
         return result if leave is None else self._leave_for_spare(leave)
 

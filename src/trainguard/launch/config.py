@@ -83,10 +83,13 @@ class SupervisorConfig:
         ("--in-process-timeout",), "give an in-process restart this long, then restart every worker",
         metavar="SECONDS"))
     """How long an in-process restart may take to re-form the process group before every worker is restarted."""
-    warm_spares: int = setting(0, section="recovery", bounds=(0, 64), flag=Flag(
-        ("--warm-spares",), "with --in-process: keep N processes with torch imported to take failed ranks' places",
-        metavar="N", default_note=""))
-    """With ``in_process``: processes kept waiting with torch imported, to take a failed rank's place."""
+    warm_spares: int = setting(-1, section="recovery", bounds=(-1, 64), flag=Flag(
+        ("--warm-spares",), "keep N interpreters per node with torch and the script's imports loaded, ready to "
+        "take restarted ranks' places (0: off)", metavar="N",
+        default_note="one per local rank, within a quarter of free memory at 1 GiB each"))
+    """Interpreters kept waiting per node with torch and the script's top-level imports loaded, to take the
+    places of restarted ranks (whole-process and in-process restarts); -1: one per local rank within a quarter
+    of the node's available memory (`trainguard.launch.warm.auto_count`); 0: off."""
     fresh_processes: bool = setting(False, section="recovery", flag=Flag(
         ("--fresh-processes",), "with --in-process: after a failure give every rank a new process (warm spares "
         "first) instead of re-entering the survivors' function"))
@@ -264,8 +267,8 @@ def _check_optional(cfg: SupervisorConfig) -> None:
                          f"got max_nodes {cfg.max_nodes}")
     if cfg.fresh_processes and not cfg.in_process:
         raise ValueError("fresh_processes needs in_process")
-    if cfg.warm_spares and (not cfg.in_process or cfg.no_python):
-        raise ValueError("warm_spares needs in_process and a Python script or module (not no_python)")
+    if cfg.warm_spares > 0 and cfg.no_python:
+        raise ValueError("warm_spares needs a Python script or module (not no_python)")
 
 
 def parse_signals(text: str) -> str:

@@ -109,13 +109,11 @@ class InProcessRestarts:
         self.pending: PendingRecovery | None = None
 
     @classmethod
-    def build(cls, cfg: SupervisorConfig, worker_args: tuple[str, ...]) -> InProcessRestarts | None:
-        """The agent's in-process restarts as ``cfg`` asks (None without ``in_process``)."""
+    def build(cls, cfg: SupervisorConfig, spares: WarmSpares | None) -> InProcessRestarts | None:
+        """The agent's in-process restarts as ``cfg`` asks (None without ``in_process``), drawing on the
+        agent's warm spares."""
         if not cfg.in_process:
             return None
-        spares = None
-        if cfg.warm_spares:
-            spares = WarmSpares(cfg.warm_spares, worker_args, cfg.layout.logs_base / "spares", cfg.stop_grace_seconds)
         return cls(cfg.in_process_timeout_seconds, spares, cfg.fresh_processes)
 
     def environ(self) -> dict[str, str]:
@@ -173,8 +171,6 @@ class InProcessRestarts:
         calls `fall_back`)."""
         p = self.pending
         if p is None:
-            if self.spares is not None:
-                self.spares.fill()  # after a recovery, not during it: a starting spare competes for the CPUs
             return None
         joined = int(self.store.add(protocol.inprocess_key(p.attempt, "joined"), 0))
         world = wg.workers[0].world_size if wg.workers else 0
@@ -209,8 +205,3 @@ class InProcessRestarts:
         agent.close_attempt("failure", None)
         agent.stop_local_workers(signal.SIGTERM)
         return RunResult(state=WorkerState.FAILED)
-
-    def close(self) -> None:
-        """End of the run: stop the waiting spares."""
-        if self.spares is not None:
-            self.spares.close()

@@ -201,8 +201,8 @@ def _finish(cfg: SupervisorConfig, agent: Any, watch: RunDirWatch, status: str, 
         status, reason, code = "lost", f"{watch.lost} (stopped {watch.lost_after or 0:.1f}s after the start)", \
             errors.EXIT_STORAGE
     agent.beat.stop(status)  # a final state: peers must not take an ended agent for a lost node
-    if agent.inprocess is not None:
-        agent.inprocess.close()  # the waiting warm spares
+    if agent.spares is not None:
+        agent.spares.close()  # the waiting warm spares
     steps = _completed_steps(agent) if agent.attempt >= 0 else None
     ended = RunEnded(time=time.time(), host=cfg.node_id, run_id=cfg.run_id, status=status, reason=reason,
                      exit_code=code, completed_steps=steps)

@@ -1,8 +1,10 @@
-"""Warm spare workers kept by the agent: started ahead, torch already imported, handed a failed rank's place.
+"""Warm spare workers kept by the agent: started ahead, torch and the script's imports loaded, handed a rank.
 
-Each spare runs `trainguard.worker.warm` with the job's command and waits on its stdin. An in-process
-restart (`trainguard.launch.inprocess`) gives the failed rank's environment and log files to a spare
-instead of starting a cold process, then tops the pool up once the recovery is over.
+Each spare runs `trainguard.worker.warm` with the job's command and waits on its stdin. A whole-process
+restart gives each local rank's environment and log files to a waiting spare instead of starting a cold
+interpreter (`GuardAgent.on_start_workers`); an in-process restart (`trainguard.launch.inprocess`) does the
+same for the failed ranks. The pool is topped up once the new attempt is training. See docs/run.md
+("Warm spares").
 """
 
 from __future__ import annotations
@@ -15,34 +17,90 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainguard.launch.lifetime import untagged_environ
 from trainguard.launch.stop import stop_processes
 
 log = logging.getLogger(__name__)
+
+AUTO = -1
+"""``warm_spares`` value that sizes the pool from the node (`auto_count`): the default."""
+SPARE_BUDGET_BYTES = 1 << 30
+"""Memory set aside per spare when sizing the pool: a spare with torch 2.13's CPU build imported measured
+0.30 GB resident (0.22 GB of it private); the budget leaves room for a CUDA build's larger import and the
+script's own imports."""
+MEMORY_SHARE = 0.25
+"""At most this share of the node's available memory goes to spares."""
+FILL_AFTER_SECONDS = 5.0
+"""An automatically sized pool is filled once the attempt has completed a step and run this long: spares
+importing torch while the workers start would slow that start on every job, and a job failing in its first
+seconds is usually failing on its own code (a restart cannot help it)."""
+
+
+def mem_available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def auto_count(local_ranks: int, available_bytes: int | None) -> int:
+    """Spares for a node of ``local_ranks`` workers: one per local rank (a whole-process restart needs one
+    each), at most `MEMORY_SHARE` of the available memory at `SPARE_BUDGET_BYTES` apiece; 0 when the
+    available memory is unknown."""
+    if available_bytes is None or local_ranks <= 0:
+        return 0
+    return max(0, min(local_ranks, int(available_bytes * MEMORY_SHARE) // SPARE_BUDGET_BYTES))
 
 
 class WarmSpares:
     """A pool of ``count`` waiting spare processes for one agent."""
 
-    def __init__(self, count: int, args: tuple[str, ...], log_dir: Path, grace_seconds: float) -> None:
+    def __init__(self, count: int, args: tuple[str, ...], log_dir: Path, grace_seconds: float,
+                 eager: bool = True) -> None:
         self.count = count
         self.args = args
         """The worker's arguments after the interpreter (``-u script.py ...`` or ``-u -m module ...``)."""
         self.log_dir = log_dir
         self.grace_seconds = grace_seconds
+        self.eager = eager
+        """Fill as soon as an attempt runs (a count the user asked for), not after `FILL_AFTER_SECONDS`."""
         self.spares: list[subprocess.Popen[bytes]] = []
         self._started = 0
+
+    @classmethod
+    def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
+              grace_seconds: float) -> WarmSpares | None:
+        """The pool ``requested`` asks for (`AUTO`: sized by `auto_count`); None when it would be empty or the
+        workers are not Python (``--no-python``: nothing to load ahead)."""
+        if not python_worker:
+            return None
+        count = auto_count(local_ranks, mem_available_bytes()) if requested == AUTO else requested
+        if count <= 0:
+            return None
+        return cls(count, args, log_dir, grace_seconds, eager=requested != AUTO)
 
     def _command(self) -> list[str]:
         rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
         python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
         return [python, "-u", "-m", "trainguard.worker.warm", *rest]
 
+    def alive(self) -> int:
+        """Spares that are still running (loading or waiting)."""
+        self.spares = [p for p in self.spares if p.poll() is None]
+        return len(self.spares)
+
     def fill(self) -> None:
         """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank)."""
-        self.spares = [p for p in self.spares if p.poll() is None]
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        while len(self.spares) < self.count:
-            env = {**os.environ, "TRAINGUARD_AUTO": "0"}
+        while self.alive() < self.count:
+            # Untagged: a spare outlives the attempt it was started in, so the end-of-attempt sweep must not
+            # take it for a worker's leftover (`trainguard.launch.lifetime`). It is tagged when it takes a rank.
+            env = {**untagged_environ(), "TRAINGUARD_AUTO": "0"}
             with open(self.log_dir / f"spare-{self._started}.log", "ab") as out:
                 proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)
@@ -51,12 +109,14 @@ class WarmSpares:
             log.info("warm spare started: pid %d", proc.pid)
 
     def take(self, env: dict[str, str], stdout: str | None, stderr: str | None) -> subprocess.Popen[bytes] | None:
-        """Hand a rank (its environment and log files) to a waiting spare; None when none is alive."""
+        """Hand a rank to a waiting spare: the environment a cold worker would get (this process's, then
+        ``env``) and its log files. None when none is alive."""
+        full = {**os.environ, **env}
         while self.spares:
             proc = self.spares.pop(0)
             if proc.poll() is not None or proc.stdin is None:
                 continue
-            line = json.dumps({"env": env, "stdout": stdout, "stderr": stderr}) + "\n"
+            line = json.dumps({"env": full, "stdout": stdout, "stderr": stderr}) + "\n"
             try:
                 proc.stdin.write(line.encode())
                 proc.stdin.close()
@@ -66,9 +126,8 @@ class WarmSpares:
         return None
 
     def close(self) -> None:
-        """Stop every waiting spare (end of the run, or a whole-process restart)."""
+        """Stop every waiting spare (end of the run)."""
         alive = [p for p in self.spares if p.poll() is None]
         if alive:
             stop_processes(alive, self.grace_seconds, signal.SIGTERM)
         self.spares = []
-

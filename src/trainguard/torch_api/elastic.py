@@ -6,6 +6,8 @@ exit barrier). Its per-round hooks are private methods; here each is overridden 
 the subclass's (`restarts_left`): torch's private counter is set from it in one place, after every monitor
 round, right before torch's loop reads it. `WorkerProcesses` is the view of torch's process context that
 in-process restarts need (each worker's process, environment and log files; replacing one process).
+`torch_start_workers` can hand some local ranks to processes started ahead (warm spares) instead of the
+cold processes torch would start, through the one factory torch's process context makes its handles with.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import logging
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 log = logging.getLogger(__name__)
@@ -27,6 +32,37 @@ HOOKS = ("_rendezvous", "_start_workers", "_monitor_workers", "_restart_workers"
 """torch's private agent methods `ElasticAgentBase` overrides."""
 STATE = ("_pcontext", "_remaining_restarts", "_store")
 """torch's private agent attributes it reads or writes."""
+
+
+HANDLER_FACTORY = "get_subprocess_handler"
+"""The name torch's process context (``multiprocessing.api``) builds each worker's process handle with."""
+
+Adopt = Callable[[int, dict[str, str], str | None, str | None], "subprocess.Popen[bytes] | None"]
+"""``(local_rank, environment, stdout path, stderr path) -> a process that took the rank, or None``."""
+
+
+def can_adopt() -> bool:
+    """Whether the installed torch builds worker handles through `HANDLER_FACTORY` (warm starts need it)."""
+    return callable(getattr(mp_api, HANDLER_FACTORY, None))
+
+
+@contextmanager
+def _adopting(adopt: Adopt) -> Iterator[None]:
+    """While inside, torch's process context asks ``adopt`` first for each local rank's process; a rank it
+    declines is started by torch as usual."""
+    original = getattr(mp_api, HANDLER_FACTORY)
+
+    def factory(**kw: Any) -> SubprocessHandler:
+        local_rank = int(kw["local_rank_id"])
+        env = {**os.environ, **{str(k): str(v) for k, v in kw["env"].items() if v is not None}}
+        proc = adopt(local_rank, env, kw.get("stdout") or None, kw.get("stderr") or None)
+        return _AdoptedHandler(proc, local_rank) if proc is not None else original(**kw)
+
+    setattr(mp_api, HANDLER_FACTORY, factory)
+    try:
+        yield
+    finally:
+        setattr(mp_api, HANDLER_FACTORY, original)
 
 
 def missing_hooks() -> list[str]:
@@ -102,8 +138,12 @@ class ElasticAgentBase(LocalElasticAgent):
     def torch_rendezvous(self, worker_group: WorkerGroup) -> None:
         super()._rendezvous(worker_group)
 
-    def torch_start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        return super()._start_workers(worker_group)
+    def torch_start_workers(self, worker_group: WorkerGroup, adopt: Adopt | None = None) -> dict[int, Any]:
+        """torch's start of the local workers; with ``adopt``, the ranks it takes run in its processes."""
+        if adopt is None or not can_adopt():
+            return super()._start_workers(worker_group)
+        with _adopting(adopt):
+            return super()._start_workers(worker_group)
 
     def torch_monitor(self, worker_group: WorkerGroup) -> RunResult:
         before = self._remaining_restarts

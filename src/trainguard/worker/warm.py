@@ -5,6 +5,10 @@ It imports what the script imports at its top level, then blocks reading one JSO
 ``{"env": {...}, "stdout": path, "stderr": path}``, the environment and log files of the rank it replaces.
 It takes them on and runs the script as ``__main__`` in this interpreter, so the rank skips the seconds of
 importing torch. End of input (the agent went away) ends the spare. See docs/run.md ("Warm spares").
+
+A module that reads a rank's variables (``RANK``, ``LOCAL_RANK``, ...) while it is loaded ahead, or that
+initializes CUDA, would keep what it saw in the spare; such a spare becomes the rank by starting the
+command afresh in its place (`os.execv`: same process, a cold start) and says so in one line.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import runpy
 import sys
 import time
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,41 @@ ALWAYS = ("torch", "torch.distributed", "torch.optim", "torch.distributed.checkp
 """Imported by every spare, whatever the script. `PREWARM_MODULES` (about 2 s here) is what the first
 flight-recorder dump with stack frames and ``torch.use_deterministic_algorithms`` import: every rank under
 trainguard loads it soon after its first step anyway."""
+
+
+RANK_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+    "CUDA_VISIBLE_DEVICES", "TRAINGUARD_ATTEMPT"})
+"""Variables that differ between ranks or attempts: a module that reads one while loaded ahead is not
+warm-startable (it would keep the spare's value, not its rank's)."""
+
+
+class _WatchedEnviron(MutableMapping[str, str]):
+    """``os.environ`` that notes which variables were read (installed only while preloading)."""
+
+    def __init__(self, real: MutableMapping[str, str]) -> None:
+        self.real = real
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self.real[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.real[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.real[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.real)
+
+    def __len__(self) -> int:
+        return len(self.real)
+
+    def copy(self) -> dict[str, str]:
+        return dict(self.real)
 
 
 def top_level_imports(script: Path) -> list[str]:
@@ -58,8 +98,36 @@ def preload(modules: list[str]) -> int:
     return done
 
 
+def preload_watched(modules: list[str]) -> tuple[int, str | None]:
+    """`preload` with reads of the environment watched: how many imported, and why this spare cannot stand in
+    for a rank's cold start (None: it can)."""
+    real = os.environ
+    watched = _WatchedEnviron(real)
+    # Swapped, not cleared: os.getenv and `from os import environ` after this point read this object.
+    os.environ = watched  # type: ignore[assignment]  # noqa: B003
+    try:
+        count = preload(modules)
+    finally:
+        os.environ = real  # noqa: B003
+    rank_reads = sorted(watched.read & RANK_VARIABLES)
+    if rank_reads:
+        return count, f"a module read {', '.join(rank_reads)} while loaded ahead"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return count, "a module initialized CUDA while loaded ahead"
+    return count, None
+
+
+def _cold_start(command: list[str], module: bool, why: str) -> None:
+    """Become the rank by starting its command afresh in this process (the agent already holds our pid)."""
+    print(f"trainguard: warm start not possible ({why}): cold start", file=sys.stderr, flush=True)
+    python = sys.executable
+    os.execv(python, [python, "-u", *(["-m"] if module else []), *command])
+
+
 def _take_over(assignment: dict[str, Any]) -> None:
     """Become the rank: its environment, its log files, trainguard's automatic hooks if the agent wants them."""
+    os.environ.clear()  # exactly a cold worker's environment, nothing left of the spare's
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
     from trainguard.worker.bootstrap import die_with_agent
 
@@ -70,6 +138,10 @@ def _take_over(assignment: dict[str, Any]) -> None:
             target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             os.dup2(target, fd)
             os.close(target)
+
+
+def _install_hooks() -> None:
+    """trainguard's automatic hooks, when the agent wants them for this rank."""
     if os.environ.get("TRAINGUARD_AUTO") == "1" and os.environ.get("TRAINGUARD_AGENT_PID"):
         # The spare started with the hooks off (it had no rank yet); install them now, as the bootstrap
         # would have when the script imported torch.
@@ -91,12 +163,17 @@ def main(argv: list[str]) -> int:
     script = Path(command[0])
     if not module:
         sys.path[0] = str(script.resolve().parent)  # as `python script.py` would have it
-    count = preload([*ALWAYS, *([] if module else top_level_imports(script))])
-    print(f"warm spare {os.getpid()}: {count} modules loaded in {time.monotonic() - t0:.2f}s; waiting", flush=True)
+    count = preload(list(ALWAYS))
+    more, unfit = preload_watched([] if module else top_level_imports(script))
+    print(f"warm spare {os.getpid()}: {count + more} modules loaded in {time.monotonic() - t0:.2f}s; waiting",
+          flush=True)
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the agent closed our input: no rank for us
     _take_over(json.loads(line))
+    if unfit is not None:
+        _cold_start(command, module, unfit)
+    _install_hooks()
     sys.argv = list(command)
     if module:
         runpy.run_module(command[0], run_name="__main__", alter_sys=True)

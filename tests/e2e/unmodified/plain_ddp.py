@@ -2,12 +2,16 @@
 
 Trains a tiny MLP with AdamW on synthetic data, saves its own checkpoint every --ckpt-every steps with
 torch.save (rank 0, atomically) and resumes from it. --eval-every/--eval-seconds add an evaluation
-phase with no optimizer step and no collective, as real scripts have.
+phase with no optimizer step and no collective, as real scripts have. --crash-rank with --crash-step (or a
+file --crash-file appearing) makes that rank SIGKILL itself in the first launch only; --stop-file ends
+training on every rank at the step after the file appears; --step-log writes each rank's step times, so the
+same script is measured under any launcher.
 """
 
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -28,7 +32,13 @@ def main() -> None:
     p.add_argument("--linger-rank", type=int, default=-1, help="this rank waits before exiting (slow teardown)")
     p.add_argument("--linger-seconds", type=float, default=0.0)
     p.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group (many scripts do)")
+    p.add_argument("--crash-rank", type=int, default=-1, help="this rank kills itself in the first launch")
+    p.add_argument("--crash-step", type=int, default=0, help="... at this step (0: when --crash-file appears)")
+    p.add_argument("--crash-file", default="")
+    p.add_argument("--stop-file", default="", help="every rank stops after the step at which this file exists")
+    p.add_argument("--step-log", default="", help="each rank appends {restart, rank, step, time} lines to FILE.RANK")
     args = p.parse_args()
+    first_launch = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -55,6 +65,18 @@ def main() -> None:
         opt.step()
         time.sleep(args.step_seconds)
         step_seconds.append(time.perf_counter() - t0)
+        if args.step_log:
+            with open(f"{args.step_log}.{rank}", "a") as log:
+                log.write(json.dumps({"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                                      "rank": rank, "step": step, "time": time.time()}) + "\n")
+        if rank == args.crash_rank and first_launch and (
+                step == args.crash_step or (args.crash_file and os.path.exists(args.crash_file))):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.stop_file:  # every rank stops at the same step: the one at which any rank saw the file
+            stop = torch.tensor([float(os.path.exists(args.stop_file))])
+            dist.all_reduce(stop)
+            if stop.item() > 0:
+                break
         if step % args.ckpt_every == 0 and rank == 0:
             os.makedirs(args.ckpt_dir, exist_ok=True)
             tmp = path + ".tmp"

@@ -1,0 +1,109 @@
+"""Warm restarts by default: an unmodified plain DDP script under `trainguard run` with no recovery flags.
+
+The agent fills its pool of warm spares (interpreters with torch and the script's imports loaded) once the
+job trains; when rank 1 dies, the whole-process restart hands every local rank to a spare instead of
+starting cold interpreters. A script whose top-level import reads its rank still restarts, cold, with a
+one-line note; ``--warm-spares 0`` starts no spare at all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._run_helpers import ROOT, events, json_result, of_type, process_gone, start_trainguard
+
+pytestmark = pytest.mark.timeout(600)
+
+PLAIN = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
+RANK_AT_IMPORT = ROOT / "tests" / "e2e" / "userscripts" / "rank_at_import.py"
+
+
+def _waiting_spares(run_dir: Path) -> int:
+    return sum("waiting" in p.read_text() for p in (run_dir / "logs" / "spares").glob("spare-*.log"))
+
+
+def _wait(what: str, check: object, proc: object, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        if proc.poll() is not None:  # type: ignore[attr-defined]
+            raise AssertionError(f"the run ended while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _steps(step_log: Path) -> list[dict[str, int]]:
+    return [json.loads(line) for p in step_log.parent.glob(step_log.name + ".*")
+            for line in p.read_text().splitlines() if line.strip()]
+
+
+def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expected: int) -> Path:
+    """Run ``script`` on 2 ranks; once ``spares_expected`` spares wait, rank 1 dies; once both ranks stepped
+    after the restart, the job is told to stop. Returns the run folder."""
+    run_dir, control = tmp_path / "run", tmp_path / "control"
+    control.mkdir()
+    step_log = tmp_path / "steps"
+    out = tmp_path / "out.json"
+    proc = start_trainguard(
+        "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--no-health-checks", "--max-restarts", "1",
+        "--json", *options, "--", str(script), "--steps", "100000", "--ckpt-dir", str(tmp_path / "ck"),
+        "--ckpt-every", "5", "--step-seconds", "0.02", "--crash-rank", "1", "--crash-file", str(control / "crash"),
+        "--stop-file", str(control / "stop"), "--step-log", str(step_log), log=out)
+    try:
+        _wait("the first steps", lambda: len(_steps(step_log)) >= 20, proc)
+        if spares_expected:
+            _wait(f"{spares_expected} waiting spares", lambda: _waiting_spares(run_dir) >= spares_expected, proc)
+        else:
+            time.sleep(8)  # past the point where a pool would have been filled
+        (control / "crash").touch()
+        _wait("both ranks stepping after the restart",
+              lambda: {s["rank"] for s in _steps(step_log) if s["restart"] == 1} == {0, 1}, proc)
+        (control / "stop").touch()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.read_text()[-3000:]
+    assert json_result(out)["status"] == "completed"
+    return run_dir
+
+
+def test_an_unmodified_script_restarts_from_warm_spares_by_default(tmp_path: Path) -> None:
+    run_dir = _crash_and_restart(tmp_path, PLAIN, spares_expected=2)
+    agent = events(run_dir, "agent-")
+    [failure] = of_type(agent, "failure_detected")
+    assert failure["kind"] == "crash" and failure["ranks"] == [1]
+    started = of_type(agent, "attempt_started")
+    assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 2)]
+    # The spares became the ranks: their own logs end where each took a rank, and the ranks' logs of the
+    # restart hold the script's lines (it resumed from its own checkpoint).
+    for rank in (0, 1):
+        assert "resumed from step" in (run_dir / "logs" / "attempt-1" / f"rank-{rank}.stdout.log").read_text()
+    # No spare outlives the run (the two that took ranks ended as ranks; the refill's were stopped).
+    spare_pids = [int(line.split()[2].rstrip(":")) for p in (run_dir / "logs" / "spares").glob("spare-*.log")
+                  for line in p.read_text().splitlines() if line.startswith("warm spare ")]
+    assert len(spare_pids) >= 2 and all(process_gone(pid) for pid in spare_pids)
+
+
+def test_a_script_that_reads_its_rank_at_import_restarts_cold_with_a_note(tmp_path: Path) -> None:
+    run_dir = _crash_and_restart(tmp_path, RANK_AT_IMPORT, spares_expected=2)
+    started = of_type(events(run_dir, "agent-"), "attempt_started")
+    assert [a["recovery"] for a in started] == ["", "restart"]
+    for rank in (0, 1):
+        text = (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
+        assert "trainguard: warm start not possible (a module read RANK while loaded ahead): cold start" in text
+        # The cold start saw its own rank (the script exits 3 otherwise, failing the run).
+        assert f"rank_at_import: rank {rank} as imported" in \
+            (run_dir / "logs" / "attempt-1" / f"rank-{rank}.stdout.log").read_text()
+
+
+def test_warm_spares_0_restarts_cold(tmp_path: Path) -> None:
+    run_dir = _crash_and_restart(tmp_path, PLAIN, "--warm-spares", "0", spares_expected=0)
+    started = of_type(events(run_dir, "agent-"), "attempt_started")
+    assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 0)]
+    assert not (run_dir / "logs" / "spares").exists()
