@@ -11,6 +11,13 @@ Measured from the events the ranks write:
 
 Sections, all in the same benchmark run, interleaved rep by rep:
 
+* ``unmodified``: an unmodified plain DDP script (tests/e2e/unmodified/plain_ddp.py, which never imports
+  trainguard), `trainguard run` with no recovery option at all against bare ``torchrun --max-restarts 1``;
+  rank 1 SIGKILLs itself at ``--unmodified-crash-step`` of the first launch (late enough that the default warm
+  spares have loaded); fault -> first new step from the script's own step log (the same yardstick under both
+  launchers); goal <= 0.5 x torchrun's. ``warm_starts`` says how many ranks of the restart were warm spares;
+  ``trainguard_warm_spares_0`` is the same run with ``--warm-spares 0`` (cold interpreters), for comparison;
+
 * ``trainguard``: `trainguard run`, SIGKILL of rank 1, whole-process restart (trainguard/examples/train_gpt.py);
 * ``torchrun_max_restarts``: bare torchrun, the same crash;
 * ``inprocess``: `trainguard run --in-process --warm-spares 1` on the same model written as a restartable
@@ -30,6 +37,7 @@ Runs with warm spares train tests/e2e/userscripts/inprocess_after_spare.py: the 
 training only once the spares wait, so the fault never meets a spare still importing torch.
 
     .venv/bin/python benchmarks/restart.py [--reps 2] [--ranks 2] [--steps 50] [--crash-step 40]
+        [--unmodified-crash-step 500] [--only-unmodified]
 
 Prints one JSON object.
 """
@@ -56,6 +64,8 @@ MODEL = ["--d-model", "128", "--layers", "2", "--heads", "4", "--seq", "64", "--
 HANG_GOAL_SECONDS = 5.0
 INPROCESS_GOAL_RATIO = 0.35
 WARM_GOAL_RATIO = 0.6
+UNMODIFIED_GOAL_RATIO = 0.5
+PLAIN = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 
 
 def _events(run_dir: Path, prefix: str) -> list[dict[str, Any]]:
@@ -141,6 +151,57 @@ def torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     return {"fault_to_first_new_step_seconds": first - _fault_time(run_dir)}
 
 
+def _plain_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    crash = args.unmodified_crash_step
+    return [str(PLAIN), "--steps", str(crash + 20), "--ckpt-dir", str(run_dir / "ck"), "--ckpt-every", "5",
+            "--step-seconds", "0.05", "--crash-rank", "1", "--crash-step", str(crash),
+            "--step-log", str(run_dir / "steps")]
+
+
+def _plain_gap(run_dir: Path, args: argparse.Namespace) -> float:
+    """Fault (rank 1's crash step ended: it kills itself right after logging it) -> the first step every rank
+    completed after the restart, from the script's own step logs."""
+    lines = [json.loads(x) for p in run_dir.glob("steps.*") for x in p.read_text().splitlines() if x.strip()]
+    fault = min(x["time"] for x in lines if x["restart"] == 0 and x["rank"] == 1
+                and x["step"] == args.unmodified_crash_step)
+    firsts: dict[int, float] = {}
+    for x in lines:
+        if x["restart"] == 1:
+            firsts[x["rank"]] = min(firsts.get(x["rank"], x["time"]), x["time"])
+    if len(firsts) < args.ranks:
+        raise RuntimeError(f"{run_dir}: not every rank stepped after the restart")
+    return max(firsts.values()) - fault
+
+
+def unmodified_run(args: argparse.Namespace, run_dir: Path, options: tuple[str, ...] = ()) -> dict[str, float]:
+    run_dir.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "trainguard", "run", "--nproc-per-node", str(args.ranks),
+                    "--run-dir", str(run_dir / "run"), "--max-restarts", "1", *options, "--",
+                    *_plain_args(args, run_dir)], check=True, capture_output=True, timeout=900)
+    started = [e for e in _events(run_dir / "run", "agent-") if e["type"] == "attempt_started"]
+    return {"fault_to_first_new_step_seconds": _plain_gap(run_dir, args),
+            "warm_starts": sum(e.get("warm_starts", 0) for e in started if e["attempt"] == 1)}
+
+
+def unmodified_torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    run_dir.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
+                    "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                    *_plain_args(args, run_dir)], env=env, check=True, capture_output=True, timeout=900)
+    return {"fault_to_first_new_step_seconds": _plain_gap(run_dir, args)}
+
+
+def unmodified_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return unmodified_run(args, run_dir, ("--warm-spares", "0"))
+
+
+UNMODIFIED: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
+    "unmodified_tg": unmodified_run, "unmodified_bare": unmodified_torchrun_run,
+    "unmodified_tg_cold": unmodified_cold_run,
+}
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
     "tg": trainguard_run, "bare": torchrun_run, "inprocess": inprocess_run, "inprocess_cold": inprocess_cold_run,
     "warm_restart": warm_restart_run, "hang": hang_run, "hang_inprocess": hang_inprocess_run,
@@ -186,16 +247,30 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--crash-step", type=int, default=40)
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--unmodified-crash-step", type=int, default=500,
+                   help="the plain DDP script's crash step (0.05 s steps: about 25 s of training)")
+    p.add_argument("--only-unmodified", action="store_true", help="run the unmodified section only")
     p.add_argument("--multi-node", action="store_true",
                    help="also run benchmarks/restart_nodes.py (node death with 3 agents, c10d and etcd) and include "
                         "its JSON as 'multi_node'")
     args = p.parse_args()
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNNERS}
+    runners = UNMODIFIED if args.only_unmodified else {**UNMODIFIED, **RUNNERS}
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as d:
-        names = list(RUNNERS)
+        names = list(runners)
         for i in range(args.reps):
             for which in (names if i % 2 == 0 else names[::-1]):
-                rows[which].append(RUNNERS[which](args, Path(d) / f"{which}-{i}"))
+                rows[which].append(runners[which](args, Path(d) / f"{which}-{i}"))
+    plain_bare = _med(rows["unmodified_bare"], "fault_to_first_new_step_seconds")
+    assert plain_bare is not None
+    unmodified = {"trainguard_defaults": _section(rows["unmodified_tg"], plain_bare, UNMODIFIED_GOAL_RATIO),
+                  "trainguard_warm_spares_0": _section(rows["unmodified_tg_cold"], plain_bare, None),
+                  "torchrun_max_restarts": {"fault_to_first_new_step_seconds": plain_bare,
+                                            "runs": rows["unmodified_bare"]}}
+    if args.only_unmodified:
+        print(json.dumps({"benchmark": "restart latency of an unmodified DDP script after a rank crash (SIGKILL)",
+                          "ranks": args.ranks, "reps": args.reps, "unmodified": unmodified}, indent=2))
+        return 0
 
     tg_fault = _med(rows["tg"], "fault_to_first_new_step_seconds")
     bare_fault = _med(rows["bare"], "fault_to_first_new_step_seconds")
@@ -209,6 +284,7 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "restart latency after a rank crash (SIGKILL) and after a hang",
         "ranks": args.ranks, "reps": args.reps, "crash_step": args.crash_step,
+        "unmodified": unmodified,
         "trainguard": {
             "fault_to_first_new_step_seconds": tg_fault,
             "detection_to_first_new_step_seconds": _med(rows["tg"], "detection_to_first_new_step_seconds"),

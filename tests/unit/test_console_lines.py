@@ -41,7 +41,10 @@ def test_in_process_restarts_are_named_as_such(tmp_path: Path) -> None:
                                               resume_step=4))
     assert started == "in-process restart: attempt 1 with 2 ranks, resuming from the checkpoint of step 4"
     plain = console.describe(AttemptStarted(time=1.0, host="n0", attempt=2, world_size=2, recovery="restart"))
-    assert plain is not None and plain.startswith("restart: attempt 2 with 2 ranks")
+    assert plain is not None and plain.startswith("restart: attempt 2 with 2 ranks, ")
+    warm = console.describe(AttemptStarted(time=1.0, host="n0", attempt=2, world_size=2, recovery="restart",
+                                           warm_starts=2))
+    assert warm is not None and warm.startswith("restart: attempt 2 with 2 ranks (2 warm), ")
     ok = console.describe(InProcessRecovery(time=1.0, host="n0", attempt=1, status="recovered", ranks=(1,),
                                             seconds=0.31, warm_spares_used=1))
     assert ok == "in-process restart of attempt 1 recovered in 0.31s: rank 1 replaced (1 from warm spares)"

@@ -164,7 +164,8 @@ class Console:
             resume = (f"resuming from the checkpoint of step {record.resume_step}" if record.resume_step is not None
                       else "no trainguard checkpoint: the script resumes from its own, if it keeps one")
             how = "in-process restart" if record.recovery == "in-process" else "restart"
-            return f"{how}: attempt {record.attempt} with {record.world_size} ranks, {resume}"
+            warm = f" ({record.warm_starts} warm)" if record.warm_starts else ""
+            return f"{how}: attempt {record.attempt} with {record.world_size} ranks{warm}, {resume}"
         if isinstance(record, InProcessRecovery):
             return _inprocess_line(record)
         return None

@@ -53,6 +53,8 @@ def _adopting(adopt: Adopt) -> Iterator[None]:
     original = getattr(mp_api, HANDLER_FACTORY)
 
     def factory(**kw: Any) -> SubprocessHandler:
+        if kw.get("numa_options") is not None:  # torch wraps the command for NUMA binding: only it can start it
+            return original(**kw)
         local_rank = int(kw["local_rank_id"])
         env = {**os.environ, **{str(k): str(v) for k, v in kw["env"].items() if v is not None}}
         proc = adopt(local_rank, env, kw.get("stdout") or None, kw.get("stderr") or None)

@@ -150,6 +150,8 @@ def probe() -> TorchSupport:
                 "an excluded node leaves the rendezvous at its keep-alive timeout (~15 s), not at once"),
         Feature("spare_count", _handler_keeps("_state_holder", "_heartbeat_lock"),
                 "straggler policy restart-now falls back to exclude-next-restart"),
+        Feature("warm_restart", _has("torch.distributed.elastic.multiprocessing.api", "get_subprocess_handler"),
+                "whole-process restarts start cold interpreters (warm spares serve in-process restarts only)"),
     )
     support = TorchSupport(version=str(torch.__version__), in_range=_in_range(str(torch.__version__)),
                            features=features)

@@ -6,7 +6,7 @@ import sys
 
 import rank_config  # reads RANK at import
 
-if rank_config.RANK != int(os.environ["RANK"]):
+if int(os.environ["RANK"]) != rank_config.RANK:
     print(f"rank_at_import: imported with rank {rank_config.RANK}, running as {os.environ['RANK']}", flush=True)
     sys.exit(3)
 print(f"rank_at_import: rank {rank_config.RANK} as imported", flush=True)
