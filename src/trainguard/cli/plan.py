@@ -229,7 +229,7 @@ def _render(doc: dict[str, Any]) -> str:
     if doc["calibration"]:
         c = doc["inputs"]
         lines.append(f"calibrated from {doc['calibration']['run']}: step {c['step_seconds']:.2f} s, "
-                     f"stall {c['checkpoint_stall_seconds']:.1f} s, restart {c['restart_overhead_seconds']:.0f} s")
+                     f"stall {c['checkpoint_stall_seconds']:.3g} s, restart {c['restart_overhead_seconds']:.0f} s")
         measured = doc["calibration"]
         if measured.get("memory_stall_seconds") is not None:
             lines.append(f"  memory tier measured there: copy stall {measured['memory_stall_seconds']:.3f} s, "
