@@ -87,7 +87,15 @@ def main() -> int:
         keep_last=10, interval=IntervalPolicy.every_steps(args.save_every), timeout_seconds=30.0,
         memory_gb=0.05, memory_every_steps=1, memory_root=args.shm, memory_address="127.0.0.1",
     )
-    ckpt = Checkpointer(args.dir, config, hooks=MidCopy())
+    class Records:  # the checkpointer's events, kept for the result
+        def __init__(self) -> None:
+            self.kept: list = []
+
+        def write(self, record: object) -> None:
+            self.kept.append(record)
+
+    records = Records()
+    ckpt = Checkpointer(args.dir, config, hooks=MidCopy(), events=records)  # type: ignore[arg-type]
     job = TinyJob(args.rank, args.world)
     start = job.restore(ckpt)
     tier = ckpt.last_restore.tier if ckpt.last_restore else ("storage" if start else "")
@@ -103,6 +111,8 @@ def main() -> int:
         elif ckpt.should_save_to_memory(step):
             ckpt.save_to_memory(step, job.snapshot(step))
     ckpt.close()
+    result["loaded_tiers"] = [r.tier for r in records.kept if r.TYPE == "checkpoint_loaded"]
+    result["copy_paths"] = sorted({r.path for r in records.kept if r.TYPE == "checkpoint_save_finished" and r.tier})
     Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
     return 0

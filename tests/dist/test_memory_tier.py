@@ -99,6 +99,9 @@ def test_node_loss_restores_from_the_peer_replica(dirs: Dirs, reference: dict[st
     _stop_holder(shm, ckpt, "nA")  # node A is gone; its rank comes back on a spare, node C
     results = _resume(tmp, ckpt, shm, ["nC", "nB"], 6, ["peer:nB", "own"], reference)
     assert [r["storage_bytes"] for r in results] == [0, 0]
+    # what the records say: the restore's tier, and the copies replicated around the ring nB -> nC -> nB
+    assert [r["loaded_tiers"] for r in results] == [["peer"], ["memory"]]
+    assert [r["copy_paths"] for r in results] == [["memory:own+peer:nB"], ["memory:own+peer:nC"]]
 
 
 def test_node_and_its_peer_lost_fall_to_storage(dirs: Dirs, reference: dict[str, float]) -> None:

@@ -46,12 +46,14 @@ def _steps(attempt: int, first: int, start: float, n: int, ranks: range, host: s
 
 
 def _save(attempt: int, step: int, start: float, blocking: float, total: float, ranks: range,
-          host: str = "h0", skew: float = 0.0) -> list[Event]:
+          host: str = "h0", skew: float = 0.0, tier: str = "") -> list[Event]:
     out: list[Event] = []
     for r in ranks:
-        out.append(CheckpointSaveStarted(time=T0 + start + skew, host=host, attempt=attempt, rank=r, step=step))
+        out.append(CheckpointSaveStarted(time=T0 + start + skew, host=host, attempt=attempt, rank=r, step=step,
+                                         tier=tier))
         out.append(CheckpointSaveFinished(time=T0 + start + total + skew, host=host, attempt=attempt, rank=r,
-                                          step=step, blocking_seconds=blocking, total_seconds=total, bytes=1000))
+                                          step=step, blocking_seconds=blocking, total_seconds=total, bytes=1000,
+                                          tier=tier))
     return out
 
 
@@ -147,4 +149,35 @@ def skewed_hosts() -> Case:
     return Case("skewed_hosts", writers, base.expected, base.wall)
 
 
-CASES = [clean_run, crash_mid_step, restart_before_first_checkpoint, async_checkpoint_overlap, skewed_hosts]
+def memory_tier_restore() -> Case:
+    # attempt 0: startup [0,1]; steps 1-4 [1,5]; step 4 saved to storage (async: blocks [5,5.5], durable at
+    # 8.0) and then copied to memory (blocks [5.5,6.0], replicated at 6.5); steps 5-6 [6,8]; step 6 copied
+    # to memory only (blocks [8,8.5]); step 7 [8.5,9.5]; crash during step 8 at 10.0, detected 10.1.
+    # The agent names storage's step 4 as the resume point, but the restart restores step 6 from memory
+    # [12,12.5] and trains steps 7-10 [12.5,16.5]: only step 7 and the part of step 8 are lost, [8.5,10].
+    # saves 3 x 0.5 (the storage save's start is its own, not the memory copy's of the same step);
+    # detection 0.1; restart [10.1,11] = 0.9; startup [0,1] + [11,12]; restore 0.5; other [16.5,17].
+    ranks = range(2)
+    agent: list[Event] = [
+        RunStarted(time=T0, host="h0", run_id="memory", world_size=2, target_steps=10),
+        AttemptStarted(time=T0, host="h0", attempt=0, world_size=2, hosts=("h0",)),
+        FailureDetected(time=T0 + 10.1, host="h0", attempt=0, kind="crash", ranks=(1,), hosts=("h0",),
+                        detection_latency_seconds=0.1, step=7),
+        AttemptEnded(time=T0 + 10.5, host="h0", attempt=0, reason="failure", exit_code=1),
+        AttemptStarted(time=T0 + 11, host="h0", attempt=1, world_size=2, hosts=("h0",), resume_step=4),
+        RunEnded(time=T0 + 17, host="h0", run_id="memory", status="completed"),
+    ]
+    ranks_ev = (
+        _steps(0, 1, 1, 4, ranks) + _save(0, 4, 5, 0.5, 3.0, ranks) + _save(0, 4, 5.5, 0.5, 1.0, ranks, tier="memory")
+        + _steps(0, 5, 6, 2, ranks) + _save(0, 6, 8, 0.5, 1.0, ranks, tier="memory") + _steps(0, 7, 8.5, 1, ranks)
+        + [CheckpointLoaded(time=T0 + 12.5, host="h0", attempt=1, rank=r, step=6, seconds=0.5, path="memory:own",
+                            tier="memory") for r in ranks]
+        + _steps(1, 7, 12.5, 4, ranks)
+    )
+    return Case("memory_tier_restore", {"agent-h0": agent, "ranks": ranks_ev},
+                {"productive": 10, "startup": 2, "checkpoint_save": 1.5, "lost_progress": 1.5, "detection": 0.1,
+                 "restart": 0.9, "checkpoint_restore": 0.5, "other": 0.5}, 17)
+
+
+CASES = [clean_run, crash_mid_step, restart_before_first_checkpoint, async_checkpoint_overlap, skewed_hosts,
+         memory_tier_restore]

@@ -167,3 +167,33 @@ def test_holder_ignores_requests_without_the_job_secret(memory_job: MemoryJob) -
     with pytest.raises((ConnectionError, CheckpointError, OSError)):
         intruder.replicas()
     assert HolderClient(address, StoreSigner(SECRET.encode())).replicas() == {}
+
+
+def test_memory_saves_and_restores_are_recorded_with_their_tier(memory_job: MemoryJob, tmp_path: Path) -> None:
+    from trainguard.core.events import CheckpointLoaded, CheckpointSaveFinished, CheckpointSaveStarted
+    from trainguard.core.rundir import RunDir
+
+    ckpt_dir, config = memory_job
+    run = RunDir(tmp_path / "run").create()
+    model = torch.nn.Linear(4, 3)
+    with run.writer("rank-0") as events:
+        with Checkpointer(ckpt_dir, config, events=events, hooks=_Interrupt()) as ckpt:
+            ckpt.save(1, {"model": model.state_dict(), "step": 1})  # storage, then a memory copy
+            ckpt.save_to_memory(2, {"model": model.state_dict(), "step": 2})
+            ckpt.wait()
+            with pytest.raises(RuntimeError, match="interrupted"):
+                ckpt.save_to_memory(3, {"model": model.state_dict(), "step": 3})
+        with Checkpointer(ckpt_dir, config, events=events, attempt=1) as ckpt:
+            assert ckpt.restore({"model": model.state_dict(), "step": 0}) == 2
+    records = [loaded.record for loaded in run.load()]
+    started = [(r.step, r.tier) for r in records if isinstance(r, CheckpointSaveStarted)]
+    assert started == [(1, ""), (1, "memory"), (2, "memory"), (3, "memory")]
+    finished = {(r.step, r.tier): r for r in records if isinstance(r, CheckpointSaveFinished)}
+    assert set(finished) == {(1, ""), (1, "memory"), (2, "memory"), (3, "memory")}
+    copy = finished[(2, "memory")]
+    assert copy.ok and copy.path == "memory:own" and copy.bytes > 0  # one node: no peer to replicate to
+    assert 0 < copy.blocking_seconds <= copy.total_seconds
+    assert not finished[(3, "memory")].ok and "interrupted" in finished[(3, "memory")].error
+    (loaded,) = [r for r in records if isinstance(r, CheckpointLoaded)]
+    assert (loaded.attempt, loaded.step, loaded.tier, loaded.path) == (1, 2, "memory", "memory:own")
+    assert loaded.seconds > 0

@@ -64,3 +64,21 @@ def test_evidence_outside_the_evidence_folders_is_text(tmp_path: Path) -> None:
     assert v.evidence_link(tmp_path, "diagnostics/attempt-0/")["kind"] == "dir"
     for item in ("checkpoints/m.json", "diagnostics/../checkpoints/m.json", "/etc/passwd", "diagnostics/none.txt"):
         assert v.evidence_link(tmp_path, item) == {"text": item, "path": None, "kind": "text"}, item
+
+
+def test_memory_tier_records_give_their_own_markers_and_the_restored_step(tmp_path: Path) -> None:
+    from tests.unit.streams import memory_tier_restore
+    from trainguard.core.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    for name, records in memory_tier_restore().writers.items():
+        with run.writer(name) as w:
+            w.write_all(records)
+    view = v.build_view(run.root, compute_goodput(run))
+    m = view["timeline"]["markers"]
+    # step 4 saved to storage and copied to memory: two markers; step 6 copied only
+    assert sorted(m["checkpoints"]["label"]) == ["copied step 4 to memory (stall 0.5 s)",
+                                                 "copied step 6 to memory (stall 0.5 s)", "saved step 4 (stall 0.5 s)"]
+    # the agent named storage's step 4; the attempt restored step 6 from memory
+    assert m["restarts"]["step"] == [6] and m["restarts"]["label"] == ["attempt 1 from step 6"]
+    assert m["restores"]["label"] == ["restored step 6 from memory in 0.5 s"]

@@ -153,3 +153,31 @@ def test_a_bad_metrics_port_is_a_usage_error(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "trainguard", "run", "--metrics-port", "nope", "train.py"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 2 and "--metrics-port" in res.stderr
+
+
+def test_memory_tier_copies_are_counted_apart_from_storage_saves(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "run").create()
+    m = RunMetrics(rd.root, node="h0", clock=lambda: T0 + 20.0, ettr_every=0)
+    with rd.writer("rank-0") as w:
+        w.write_all([ev.RunStarted(time=T0, host="h0", run_id="job", world_size=1),
+                     ev.CheckpointSaveStarted(time=T0 + 4.0, host="h0", attempt=0, rank=0, step=4),
+                     ev.CheckpointSaveFinished(time=T0 + 6.0, host="h0", attempt=0, rank=0, step=4,
+                                               blocking_seconds=0.5, total_seconds=2.0),
+                     *[rec for step in (4, 8, 12) for rec in (
+                         ev.CheckpointSaveStarted(time=T0 + step + 0.5, host="h0", attempt=0, rank=0, step=step,
+                                                  tier="memory"),
+                         ev.CheckpointSaveFinished(time=T0 + step + 0.8, host="h0", attempt=0, rank=0, step=step,
+                                                   blocking_seconds=0.1, total_seconds=0.3, tier="memory",
+                                                   ok=step != 12, error="" if step != 12 else "replica failed"))]])
+    s = scrape(m)
+    assert s[("trainguard_checkpoint_saves_total", (("outcome", "ok"),))] == 1
+    assert s[("trainguard_checkpoint_saves_total", (("outcome", "failed"),))] == 0
+    assert s[("trainguard_last_checkpoint_step", ())] == 4  # storage's newest, not the memory copy of step 8
+    assert s[("trainguard_last_checkpoint_age_seconds", ())] == pytest.approx(14.0)
+    assert s[("trainguard_last_checkpoint_save_seconds", ())] == 0.5
+    assert s[("trainguard_memory_checkpoint_saves_total", (("outcome", "ok"),))] == 2
+    assert s[("trainguard_memory_checkpoint_saves_total", (("outcome", "failed"),))] == 1
+    assert s[("trainguard_last_memory_checkpoint_step", ())] == 8
+    assert s[("trainguard_last_memory_checkpoint_age_seconds", ())] == pytest.approx(20.0 - 8.8)
+    assert s[("trainguard_last_memory_checkpoint_save_seconds", ())] == 0.1
+    assert s[("trainguard_last_memory_checkpoint_commit_seconds", ())] == 0.3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -108,3 +109,116 @@ def test_calibration_measures_inprocess_restarts_apart(tmp_path: Path) -> None:
     assert cal.restart_overhead_seconds == pytest.approx(10.0)  # median of 9, 11
     assert cal.inprocess_share == pytest.approx(3 / 4)
     assert cal.samples["inprocess_restarts"] == 3 and cal.samples["restarts"] == 2
+
+
+def _memory_tier_run(root: Path) -> Path:
+    """A run with the memory tier (records as the checkpointer writes them): three restarts, restored from this
+    node's memory (cold), a peer's replica (warm interpreters), and storage (cold)."""
+    import json
+
+    from trainguard.core import events as ev
+    from trainguard.core.rundir import RunDir
+
+    agent: list[ev.Event] = [ev.AttemptStarted(time=0.0, attempt=0)]
+    ranks: list[ev.Event] = [ev.StepCompleted(time=1.0, attempt=0, rank=r, step=1, duration_seconds=0.5)
+                             for r in (0, 1)]
+    for r in (0, 1):
+        ranks += [ev.CheckpointSaveStarted(time=2.0, attempt=0, rank=r, step=1),
+                  ev.CheckpointSaveFinished(time=7.0, attempt=0, rank=r, step=1, blocking_seconds=2.0,
+                                            total_seconds=5.0, path="/ckpt/step-1")]
+        for k in range(3):
+            ranks += [ev.CheckpointSaveStarted(time=8.0 + k, attempt=0, rank=r, step=2 + k, tier="memory"),
+                      ev.CheckpointSaveFinished(time=8.3 + k, attempt=0, rank=r, step=2 + k, blocking_seconds=0.05,
+                                                total_seconds=0.3, path="memory:own+peer:n1", tier="memory")]
+    # (next attempt, restore tier, slowest rank's restore, detection to first step)
+    t = 20.0
+    for nxt, tier, seconds, gap in [(1, "memory", 0.6, 8.0), (2, "peer", 1.0, 4.0), (3, "", 3.0, 20.0)]:
+        agent += [ev.FailureDetected(time=t, attempt=nxt - 1, kind="crash"),
+                  ev.AttemptStarted(time=t + 1.0, attempt=nxt, recovery="restart")]
+        ranks += [ev.CheckpointLoaded(time=t + gap - 0.1, attempt=nxt, rank=r, step=4, seconds=s, tier=tier,
+                                      path="memory:own" if tier else "/ckpt/step-1")
+                  for r, s in ((0, seconds - 0.2), (1, seconds))]
+        ranks += [ev.StepCompleted(time=t + gap + 0.5, attempt=nxt, rank=r, step=5, duration_seconds=0.5)
+                  for r in (0, 1)]
+        t += 100.0
+    run = RunDir(root).create()
+    with run.writer("agent-n0") as w:
+        w.write_all(agent)
+    with run.writer("rank-0") as w:
+        w.write_all(ranks)
+    # attempt 2's ranks were warm interpreters: a field the agent's records carry (attempt_started.warm_starts)
+    path = run.events_dir / "agent-n0.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for rec in lines:
+        if rec["type"] == "attempt_started" and rec["attempt"] == 2:
+            rec["warm_starts"] = 2
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    return root
+
+
+def test_calibration_measures_the_memory_tier_and_warm_restarts_apart(tmp_path: Path) -> None:
+    cal = calibrate_from_run(_memory_tier_run(tmp_path / "r"))
+    assert cal.checkpoint_stall_seconds == pytest.approx(2.0)  # storage's saves only
+    assert cal.checkpoint_total_seconds == pytest.approx(5.0)
+    assert (cal.memory_stall_seconds, cal.memory_total_seconds) == (pytest.approx(0.05), pytest.approx(0.3))
+    assert cal.memory_replicated is True
+    assert cal.memory_restore_seconds == pytest.approx(0.5)  # median of the ranks' 0.4 and 0.6
+    assert cal.peer_restore_seconds == pytest.approx(0.9)  # median of 0.8 and 1.0
+    assert cal.restore_seconds == pytest.approx(2.9)  # storage: median of 2.8 and 3.0
+    assert cal.memory_restart_seconds == pytest.approx(8.0)
+    assert cal.warm_restart_seconds == pytest.approx(4.0) and cal.warm_start_seconds == pytest.approx(3.0)
+    assert cal.restart_overhead_seconds == pytest.approx(20.0)  # the cold restart restored from storage
+    assert cal.cold_start_seconds == pytest.approx((8.0 - 0.6 + 20.0 - 3.0) / 2)
+    assert cal.samples["memory_saves"] == 6 and cal.samples["restarts"] == 1
+    assert (cal.samples["memory_restarts"], cal.samples["warm_restarts"]) == (1, 1)
+
+
+def _plan_args(*argv: str) -> argparse.Namespace:
+    from trainguard.cli import plan
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_plan_feeds_the_memory_tier_figures_into_the_recovery_model(tmp_path: Path) -> None:
+    from trainguard.cli.plan import _apply_calibration, _sources
+
+    cal = calibrate_from_run(_memory_tier_run(tmp_path / "r"))
+    args = _plan_args("--hang-timeout", "60")
+    sources = _sources(args, _apply_calibration(args, cal))
+    assert args.memory_checkpoint == "peer"  # the copies were replicated
+    assert args.checkpoint_stall == pytest.approx(0.05) and args.checkpoint_total == pytest.approx(0.3)
+    assert args.memory_restore_seconds == pytest.approx(0.9)  # the slower of own memory and a peer's replica
+    assert args.warm_start_seconds == pytest.approx(3.0)
+    assert args.restart_overhead == pytest.approx(20.0)
+    assert sources["memory_checkpoint"] == sources["memory_restore_seconds"] == "measured"
+    assert sources["warm_start_seconds"] == sources["restart_overhead_seconds"] == "measured"
+    assert sources["inprocess_restart_seconds"] == "default"
+
+    # Without a restart restored from storage, the restart overhead is the measured start-up plus storage's restore.
+    from dataclasses import replace
+
+    args = _plan_args("--restore-seconds", "40")
+    sources = _sources(args, _apply_calibration(args, replace(cal, restart_overhead_seconds=None,
+                                                                restore_seconds=None)))
+    assert args.restart_overhead == pytest.approx(cal.cold_start_seconds + 40.0)
+    assert sources["restart_overhead_seconds"] == "derived" and sources["restore_seconds"] == "option"
+
+
+def test_a_run_without_memory_tier_records_plans_as_before(tmp_path: Path) -> None:
+    from trainguard.cli.plan import _apply_calibration, _sources
+
+    policy = PolicyConfig(checkpoint_stall_seconds=12.0, checkpoint_total_seconds=40.0, restart_overhead_seconds=420.0,
+                          relaunch_seconds=45.0, restore_seconds=95.0)
+    write_trial(tmp_path / "r", load_model("llama3"), JobConfig(gpus=16384, days=5, step_seconds=7.5), policy, seed=4)
+    cal = calibrate_from_run(tmp_path / "r")
+    assert cal.memory_stall_seconds is cal.memory_restore_seconds is cal.warm_restart_seconds is None
+    assert cal.memory_restart_seconds is None and cal.samples["memory_saves"] == 0
+    args = _plan_args()
+    sources = _sources(args, _apply_calibration(args, cal))
+    assert (args.checkpoint_stall, args.checkpoint_total, args.restart_overhead) == (12.0, 40.0, 420.0)
+    assert (args.memory_checkpoint, args.warm_start_seconds, args.memory_restore_seconds) == ("off", None, 5.0)
+    assert {k for k, v in sources.items() if v == "measured"} == {
+        "step_seconds", "checkpoint_stall_seconds", "checkpoint_total_seconds", "restart_overhead_seconds",
+        "relaunch_seconds", "restore_seconds"}

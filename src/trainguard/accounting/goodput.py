@@ -177,9 +177,10 @@ class _Attempts:
     """The planned interruption that ended an attempt, if one did."""
     diagnoses: dict[int, Diagnosis]
     """The most confident diagnosis of each attempt."""
-    save_starts: dict[tuple[int, int, int], list[float]]
-    """When checkpoint saves began, by (attempt, rank, step), in time order (a rank may save one step twice:
-    Lightning writes ``step=N.ckpt`` and ``last.ckpt``)."""
+    save_starts: dict[tuple[int, int, int, str], list[float]]
+    """When checkpoint saves began, by (attempt, rank, step, tier), in time order (a rank may save one step twice:
+    Lightning writes ``step=N.ckpt`` and ``last.ckpt``; the memory tier copies a step storage also saves, and its
+    background part can end before an async storage save of that step does)."""
     blocks: dict[int, list[_Block]]
     """Each attempt's step blocks, in time order."""
     redo_from: dict[int, float]
@@ -250,7 +251,7 @@ def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _Refere
     failures: dict[int, list[FailureDetected]] = defaultdict(list)
     planned: dict[int, PlannedInterruption] = {}
     diagnoses: dict[int, Diagnosis] = {}
-    save_starts: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    save_starts: dict[tuple[int, int, int, str], list[float]] = defaultdict(list)
     for record in records:
         if isinstance(record, AttemptStarted):
             started[record.attempt] = clock.at(record)
@@ -265,7 +266,7 @@ def _collect_attempts(records: list[Event], blocks: list[_Block], clock: _Refere
             if best is None or record.confidence > best.confidence:
                 diagnoses[record.attempt] = record
         elif isinstance(record, CheckpointSaveStarted):
-            save_starts[(record.attempt, record.rank, record.step)].append(clock.at(record))
+            save_starts[(record.attempt, record.rank, record.step, record.tier)].append(clock.at(record))
     by_attempt: dict[int, list[_Block]] = defaultdict(list)
     for block in blocks:
         by_attempt[block.attempt].append(block)
@@ -359,8 +360,8 @@ def _checkpoint_intervals(records: list[Event], clock: _ReferenceClock, attempts
     intervals: list[Interval] = []
     for record in records:
         if isinstance(record, CheckpointSaveFinished):
-            start = _save_start(attempts.save_starts.get((record.attempt, record.rank, record.step), []),
-                                clock.at(record), record.total_seconds)
+            key = (record.attempt, record.rank, record.step, record.tier)
+            start = _save_start(attempts.save_starts.get(key, []), clock.at(record), record.total_seconds)
             intervals.append((start, start + record.blocking_seconds, "checkpoint_save", record.attempt))
         elif isinstance(record, CheckpointLoaded):
             intervals.append((clock.at(record) - record.seconds, clock.at(record), "checkpoint_restore",

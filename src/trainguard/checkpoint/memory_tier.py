@@ -33,7 +33,13 @@ from trainguard.checkpoint.memory_store import begin as begin_slot
 from trainguard.checkpoint.restore import to_payload, write_back
 from trainguard.checkpoint.structure import tensor_bytes
 from trainguard.checkpoint.writer import WriteHooks
-from trainguard.core.events import CheckpointLoaded, CheckpointRejected, Event
+from trainguard.core.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
+    CheckpointSaveFinished,
+    CheckpointSaveStarted,
+    Event,
+)
 from trainguard.launch.store_auth import StoreSigner, job_signer
 from trainguard.torch_api.dcp import flatten_state_dict
 
@@ -111,10 +117,21 @@ class MemoryTier:
         Raises `CheckpointError` when the copy does not fit the node's bound, or when the previous
         memory save's background part failed.
         """
-        start = time.perf_counter()
+        start_wall, start = time.time(), time.perf_counter()
+        self.emit(CheckpointSaveStarted(time=start_wall, host=self.node, attempt=self.attempt, rank=self.comm.rank,
+                                        step=step, tier="memory"))
+        try:
+            self._copy(step, state, start)
+        except Exception as exc:
+            stall = time.perf_counter() - start
+            self._finished(step, start, stall, 0, "memory:own", f"{exc.__class__.__name__}: {exc}")
+            raise
+
+    def _copy(self, step: int, state: dict[str, Any], start: float) -> None:
+        """The blocking part of `save`: the copy into this node's slot; then the background part is queued."""
+        rank = self.comm.rank
         self.drain()
         self.holders()
-        rank = self.comm.rank
         flat, _ = flatten_state_dict(to_payload(state, rank))
         layout = plan(flat)
         directory = rank_dir(self.node_dir, "own", rank)
@@ -133,10 +150,13 @@ class MemoryTier:
                         (layout.objects_offset, len(layout.objects_blob)))
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-memory")
-        self._pending = self._executor.submit(self._finish, directory, slot, mapped, meta)
         self.last_stall_seconds = time.perf_counter() - start
+        self._pending = self._executor.submit(self._finish, directory, slot, mapped, meta, start,
+                                              self.last_stall_seconds)
 
-    def _finish(self, directory: Path, slot: int, mapped: mmap.mmap, meta: CopyMeta) -> None:
+    def _finish(self, directory: Path, slot: int, mapped: mmap.mmap, meta: CopyMeta, start: float,
+                stall: float) -> None:
+        where, error = "memory:own", ""
         try:
             with memoryview(mapped) as view:
                 with view[: meta.size] as data:
@@ -145,9 +165,22 @@ class MemoryTier:
                 peer = self.peer()
                 if peer is not None:
                     HolderClient(peer, self.signer, self.config.timeout_seconds).put(meta, view)
+                    where += f"+peer:{peer.node}"
+        except BaseException as exc:
+            error = f"{exc.__class__.__name__}: {exc}"
+            raise
         finally:
             with contextlib.suppress(BufferError):
                 mapped.close()
+            # Checksummed and replicated (or failed): the memory copy's counterpart of a storage commit.
+            self._finished(meta.step, start, stall, meta.size, where, error)
+
+    def _finished(self, step: int, start: float, stall: float, nbytes: int, where: str, error: str) -> None:
+        self.emit(CheckpointSaveFinished(
+            time=time.time(), host=self.node, attempt=self.attempt, rank=self.comm.rank, step=step,
+            blocking_seconds=stall, total_seconds=time.perf_counter() - start, bytes=nbytes, path=where,
+            ok=not error, error=error, tier="memory",
+        ))
 
     def drain(self) -> None:
         """Wait for the background part of the last save; `CheckpointError` if it failed."""
@@ -204,6 +237,7 @@ class MemoryTier:
                 self.emit(CheckpointLoaded(
                     time=time.time(), host=self.node, attempt=self.attempt, rank=rank, step=step,
                     seconds=time.perf_counter() - start, path=f"memory:{tier}", bytes=nbytes,
+                    tier="memory" if tier == "own" else "peer",
                 ))
                 return MemoryRestore(step, tier, nbytes)
             log.warning("memory checkpoint of step %d is not verified on every rank; trying older ones", step)

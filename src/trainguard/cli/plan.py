@@ -40,14 +40,30 @@ MIN_CALIBRATED_STEP_SECONDS = 1e-3
 """Shortest step time believed from a run's events (no training step of a large job takes under 1 ms)."""
 
 
+_CALIBRATED_FIGURES = (
+    "step_seconds", "checkpoint_stall_seconds", "checkpoint_total_seconds", "restore_seconds", "relaunch_seconds",
+    "restart_overhead_seconds", "inprocess_restart_seconds", "memory_stall_seconds", "memory_total_seconds",
+    "memory_restore_seconds", "peer_restore_seconds", "memory_restart_seconds", "warm_restart_seconds",
+    "warm_start_seconds", "cold_start_seconds")
+"""The calibration's durations (each checked by `_plausible_calibration`)."""
+
+INPUTS = {
+    "step_seconds": "step_seconds", "checkpoint_stall_seconds": "checkpoint_stall",
+    "checkpoint_total_seconds": "checkpoint_total", "restart_overhead_seconds": "restart_overhead",
+    "relaunch_seconds": "relaunch_seconds", "restore_seconds": "restore_seconds",
+    "inprocess_restart_seconds": "inprocess_seconds", "memory_checkpoint": "memory_checkpoint",
+    "memory_restore_seconds": "memory_restore_seconds", "warm_start_seconds": "warm_start_seconds",
+}
+"""The simulator inputs ``plan --json`` reports (``inputs``, ``sources``), by the option each comes from."""
+
+
 def _plausible_calibration(cal: Any) -> Any:
     """The calibration with figures no real run produces (negative, not finite, over a week, a step
     under 1 ms) dropped with a warning, so one corrupt record cannot turn into a bad option (exit 2)."""
     from dataclasses import replace
 
     dropped: dict[str, Any] = {}
-    for name in ("step_seconds", "checkpoint_stall_seconds", "checkpoint_total_seconds", "restore_seconds",
-                 "relaunch_seconds", "restart_overhead_seconds", "inprocess_restart_seconds"):
+    for name in _CALIBRATED_FIGURES:
         value = getattr(cal, name)
         if value is None:
             continue
@@ -59,23 +75,63 @@ def _plausible_calibration(cal: Any) -> Any:
     return replace(cal, **dropped) if dropped else cal
 
 
-def _apply_calibration(args: argparse.Namespace, cal: Any) -> None:
-    """Measured figures replace the corresponding options."""
+def _apply_calibration(args: argparse.Namespace, cal: Any) -> dict[str, str]:
+    """Measured figures replace the corresponding options; returns ``measured`` or ``derived`` (computed
+    from measured figures and options) by `INPUTS` name, for the inputs the run set."""
+    measured: dict[str, str] = {}
+
+    def take(name: str, value: Any, how: str = "measured") -> None:
+        setattr(args, INPUTS[name], value)
+        measured[name] = how
+
     if cal.step_seconds:
-        args.step_seconds = cal.step_seconds
+        take("step_seconds", cal.step_seconds)
     if cal.checkpoint_stall_seconds is not None:
-        args.checkpoint_stall = cal.checkpoint_stall_seconds
+        take("checkpoint_stall_seconds", cal.checkpoint_stall_seconds)
     if cal.checkpoint_total_seconds is not None:
-        args.checkpoint_total = max(cal.checkpoint_total_seconds, args.checkpoint_stall)
+        take("checkpoint_total_seconds", max(cal.checkpoint_total_seconds, args.checkpoint_stall))
     if cal.restore_seconds is not None:
-        args.restore_seconds = cal.restore_seconds
+        take("restore_seconds", cal.restore_seconds)
     if cal.relaunch_seconds is not None:
-        args.relaunch_seconds = cal.relaunch_seconds
+        take("relaunch_seconds", cal.relaunch_seconds)
     if cal.restart_overhead_seconds is not None:
-        args.restart_overhead = cal.restart_overhead_seconds
+        take("restart_overhead_seconds", cal.restart_overhead_seconds)
+    elif cal.cold_start_seconds is not None:  # every restart restored from memory: add storage's restore
+        take("restart_overhead_seconds", cal.cold_start_seconds + args.restore_seconds, "derived")
     if cal.inprocess_restart_seconds is not None:
-        args.inprocess_seconds = cal.inprocess_restart_seconds
-    args.restart_overhead = max(args.restart_overhead, args.relaunch_seconds + args.restore_seconds)
+        take("inprocess_restart_seconds", cal.inprocess_restart_seconds)
+    if cal.warm_start_seconds is not None and args.warm_start_seconds is None:
+        take("warm_start_seconds", cal.warm_start_seconds)
+    _apply_memory_tier(args, cal, take)
+    floor = args.relaunch_seconds + args.restore_seconds
+    if args.restart_overhead < floor:
+        take("restart_overhead_seconds", floor, "derived")
+    return measured
+
+
+def _apply_memory_tier(args: argparse.Namespace, cal: Any, take: Any) -> None:
+    """A run that used the memory tier is planned with it: its copies' stall and background time are the
+    checkpoint's, its restores replace ``--memory-restore-seconds`` (docs/simulation.md, "--from-run")."""
+    if cal.memory_stall_seconds is None:
+        return
+    if args.memory_checkpoint == "off":
+        take("memory_checkpoint", "peer" if cal.memory_replicated or cal.peer_restore_seconds is not None
+             else "local")
+    take("checkpoint_stall_seconds", cal.memory_stall_seconds)
+    take("checkpoint_total_seconds", max(cal.memory_total_seconds or 0.0, cal.memory_stall_seconds))
+    # one figure stands for both: a peer's replica when peer copies cover the failure, else this node's
+    restores = [cal.memory_restore_seconds] + ([cal.peer_restore_seconds] if args.memory_checkpoint == "peer" else [])
+    known = [r for r in restores if r is not None]
+    if known:
+        take("memory_restore_seconds", max(known))
+
+
+def _sources(args: argparse.Namespace, measured: dict[str, str]) -> dict[str, str]:
+    """Per input: ``measured``, ``derived`` (from measured figures), ``default`` or ``option`` (given)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return {name: measured.get(name) or ("default" if getattr(args, dest) == parser.get_default(dest) else "option")
+            for name, dest in INPUTS.items()}
 
 
 def _frontier_config(args: argparse.Namespace) -> Any:
@@ -111,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
     with sim_errors():
         frontier_config = _frontier_config(args)
         cal = _plausible_calibration(calibrate_from_run(args.from_run)) if args.from_run else None
-    if cal is not None:
-        _apply_calibration(args, cal)
+    measured = _apply_calibration(args, cal) if cal is not None else {}
     model, job, policy = job_from_args(args)
     if args.repair_hours is not None:
         model = with_repair_hours(model, args.repair_hours)
@@ -147,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
             "restart_overhead_seconds": policy.restart_overhead_seconds,
             "relaunch_seconds": policy.relaunch_seconds,
             "restore_seconds": policy.restore_seconds,
+            "memory_checkpoint": policy.memory_checkpoint,
+            "memory_restore_seconds": policy.memory_restore_seconds,
+            "warm_start_seconds": policy.warm_start_seconds,
         },
+        "sources": _sources(args, measured),
         "interval": interval,
         "spares": spares,
         "budgets": budgets,
@@ -170,8 +229,12 @@ def _render(doc: dict[str, Any]) -> str:
     if doc["calibration"]:
         c = doc["inputs"]
         lines.append(f"calibrated from {doc['calibration']['run']}: step {c['step_seconds']:.2f} s, "
-                     f"stall {c['checkpoint_stall_seconds']:.1f} s, restart {c['restart_overhead_seconds']:.0f} s")
+                     f"stall {c['checkpoint_stall_seconds']:.3g} s, restart {c['restart_overhead_seconds']:.0f} s")
         measured = doc["calibration"]
+        if measured.get("memory_stall_seconds") is not None:
+            lines.append(f"  memory tier measured there: copy stall {measured['memory_stall_seconds']:.3f} s, "
+                         f"restore {c['memory_restore_seconds']:.2f} s (planned as --memory-checkpoint "
+                         f"{c['memory_checkpoint']})")
         if measured.get("inprocess_restart_seconds") is not None:
             share = measured.get("inprocess_share")
             lines.append(f"  in-process restarts measured there: {measured['inprocess_restart_seconds']:.2f} s"

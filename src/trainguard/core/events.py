@@ -196,6 +196,9 @@ class CheckpointSaveStarted(Event):
     framework: str = ""
     """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
     (``transformers``, ``lightning``), reported by its adapter."""
+    tier: str = ""
+    """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
+    ``peer`` = a peer node's replica of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +220,9 @@ class CheckpointSaveFinished(Event):
     framework: str = ""
     """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
     (``transformers``, ``lightning``), reported by its adapter."""
+    tier: str = ""
+    """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
+    ``peer`` = a peer node's replica of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +240,9 @@ class CheckpointLoaded(Event):
     framework: str = ""
     """Who restored: ``""`` (trainguard's checkpointer) or the framework whose own resume this is
     (``transformers``, ``lightning``), reported by its adapter."""
+    tier: str = ""
+    """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
+    ``peer`` = a peer node's replica of it."""
 
 
 @dataclass(frozen=True, kw_only=True)

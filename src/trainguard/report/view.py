@@ -246,13 +246,26 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return f"rank {shown}" + (f" (+{len(ranks) - 8})" if len(ranks) > 8 else "") if ranks else ""
 
 
+_FROM_TIER = {"memory": " from memory", "peer": " from a peer's copy"}
+"""How a restore marker names the tier a checkpoint came from (storage: nothing)."""
+
+
+def _save_label(s: dict[str, Any]) -> str:
+    """A save marker's words: a storage save or a memory-tier copy, done or failed."""
+    if not s["ok"]:
+        what = "memory copy" if s["tier"] else "save"
+        return f"{what} of step {s['step']} failed: {s['error'] or '?'}"
+    done = f"copied step {s['step']} to memory" if s["tier"] else f"saved step {s['step']}"
+    return f"{done} (stall {s['blocking']:.1f} s)"
+
+
 def _markers(records: Sequence[Event], t: Any, start: float, progress: _Progress) -> dict[str, Any]:
     failures: list[dict[str, Any]] = []
     detections: list[dict[str, Any]] = []
     restarts: list[dict[str, Any]] = []
     planned: list[dict[str, Any]] = []
     stragglers: list[dict[str, Any]] = []
-    saves: dict[tuple[int, int], dict[str, Any]] = {}
+    saves: dict[tuple[int, int, str], dict[str, Any]] = {}
     loads: dict[int, dict[str, Any]] = {}
     for e in records:
         when = t(e) - start
@@ -265,16 +278,17 @@ def _markers(records: Sequence[Event], t: Any, start: float, progress: _Progress
                                "label": f"{e.kind} detected after {e.detection_latency_seconds:.1f} s"})
         elif isinstance(e, AttemptStarted) and e.attempt > 0:
             step = e.resume_step if e.resume_step is not None else 0
-            restarts.append({"t": _r(when), "step": step, "label": f"attempt {e.attempt} from step {step}"})
+            restarts.append({"t": _r(when), "step": step, "attempt": e.attempt})
         elif isinstance(e, PlannedInterruption):
             planned.append({"t": _r(when), "step": progress.step_at(e.attempt, when),
                             "label": f"planned: {e.reason or 'maintenance'}"})
         elif isinstance(e, CheckpointLoaded):  # one marker per attempt, not one per rank
-            r = loads.setdefault(e.attempt, {"t": when, "step": e.step, "seconds": e.seconds})
+            r = loads.setdefault(e.attempt, {"t": when, "step": e.step, "seconds": e.seconds, "tier": e.tier})
             r["t"], r["seconds"] = max(r["t"], when), max(r["seconds"], e.seconds)
         elif isinstance(e, CheckpointSaveFinished):
-            key = (e.attempt, e.step)
-            s = saves.setdefault(key, {"t": when, "step": e.step, "ok": True, "blocking": 0.0, "error": ""})
+            key = (e.attempt, e.step, e.tier)  # a memory copy of a step storage also saved is its own marker
+            s = saves.setdefault(key, {"t": when, "step": e.step, "ok": True, "blocking": 0.0, "error": "",
+                                       "tier": e.tier})
             s["t"] = max(s["t"], when)
             s["ok"] = s["ok"] and e.ok
             s["blocking"] = max(s["blocking"], e.blocking_seconds)
@@ -283,12 +297,14 @@ def _markers(records: Sequence[Event], t: Any, start: float, progress: _Progress
             rank = getattr(e, "rank", None)
             stragglers.append({"t": _r(when), "step": getattr(e, "step", None) or progress.step_at(None, when),
                                "label": f"straggler rank {rank} x{getattr(e, 'slowdown', 1.0):.2f}"})
-    restores = [{"t": _r(r["t"]), "step": r["step"], "label": f"restored step {r['step']} in {r['seconds']:.1f} s"}
+    for r in restarts:  # the step restored, where the attempt says (the agent names storage's newest only)
+        r["step"] = loads[r["attempt"]]["step"] if r["attempt"] in loads else r["step"]
+        r["label"] = f"attempt {r.pop('attempt')} from step {r['step']}"
+    restores = [{"t": _r(r["t"]), "step": r["step"],
+                 "label": f"restored step {r['step']}{_FROM_TIER.get(r['tier'], '')} in {r['seconds']:.1f} s"}
                 for r in loads.values()]
-    ok = [{"t": _r(s["t"]), "step": s["step"], "label": f"saved step {s['step']} (stall {s['blocking']:.1f} s)"}
-          for s in saves.values() if s["ok"]]
-    bad = [{"t": _r(s["t"]), "step": s["step"], "label": f"save of step {s['step']} failed: {s['error'] or '?'}"}
-           for s in saves.values() if not s["ok"]]
+    ok = [{"t": _r(s["t"]), "step": s["step"], "label": _save_label(s)} for s in saves.values() if s["ok"]]
+    bad = [{"t": _r(s["t"]), "step": s["step"], "label": _save_label(s)} for s in saves.values() if not s["ok"]]
     return {"failures": _columns(failures), "detections": _columns(detections), "restarts": _columns(restarts),
             "planned": _columns(planned), "checkpoints": _columns(ok), "failed_checkpoints": _columns(bad),
             "restores": _columns(restores), "stragglers": _columns(stragglers)}

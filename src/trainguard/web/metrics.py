@@ -94,8 +94,9 @@ class RunMetrics:
         self.settled: set[int] = set()
         self.interruptions: dict[tuple[str, str], int] = defaultdict(int)
         self.failures_by_kind: dict[str, int] = defaultdict(int)
-        self.save_started: dict[tuple[int, int], float] = {}
-        self.saves: dict[tuple[int, int], dict[str, Any]] = {}
+        self.save_started: dict[tuple[int, int, str], float] = {}
+        self.saves: dict[tuple[int, int, str], dict[str, Any]] = {}
+        """By (attempt, step, tier): a step storage saved can also be copied to the memory tier."""
         self.suspects: dict[tuple[str, str], int] = defaultdict(int)
         self._suspect_keys: set[tuple[str, int | None, str]] = set()
         self._goodput: dict[str, Any] | None = None
@@ -153,7 +154,7 @@ class RunMetrics:
         if isinstance(e, Diagnosis):
             self._diagnosed(e)
         elif isinstance(e, CheckpointSaveStarted):
-            self.save_started.setdefault((e.attempt, e.step), e.time)
+            self.save_started.setdefault((e.attempt, e.step, e.tier), e.time)
         elif isinstance(e, CheckpointSaveFinished):
             self._save_finished(e)
         elif isinstance(e, NodeExcluded):
@@ -198,7 +199,7 @@ class RunMetrics:
             self._suspect(host, e.attempt, "culprit")
 
     def _save_finished(self, e: CheckpointSaveFinished) -> None:
-        s = self.saves.setdefault((e.attempt, e.step), {"time": e.time, "ok": True, "blocking": 0.0,
+        s = self.saves.setdefault((e.attempt, e.step, e.tier), {"time": e.time, "ok": True, "blocking": 0.0,
                                                         "total": 0.0, "step": e.step})
         s["time"] = max(s["time"], e.time)
         s["ok"] = s["ok"] and e.ok
@@ -224,6 +225,30 @@ class RunMetrics:
         known = {h for h, _ in self.suspects}
         label = host if host in known or len(known) < MAX_SUSPECT_HOSTS else "other"
         self.suspects[(label, reason)] += 1
+
+    def _save_metrics(self, now: float, tier: str, counter: str, last_name: str, what: str) -> Iterator[Any]:
+        """The saves of one tier (storage ``""`` or ``memory``): counts by outcome and the newest successful one.
+        The tiers stay apart: a memory copy every few steps must not make storage look fresh."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # optional dependency, as above
+
+        saves = CounterMetricFamily(counter, f"{what.capitalize()} saves finished, by outcome.", labels=["outcome"])
+        done = sorted(((k, s) for k, s in self.saves.items() if k[2] == tier), key=lambda kv: kv[1]["time"])
+        saves.add_metric(["ok"], sum(1 for _, s in done if s["ok"]))
+        saves.add_metric(["failed"], sum(1 for _, s in done if not s["ok"]))
+        yield saves
+        ok = [(k, s) for k, s in done if s["ok"]]
+        if not ok:
+            return
+        key, last = ok[-1]
+        done_word = "durable" if not tier else "checksummed and replicated"
+        yield GaugeMetricFamily(f"{last_name}_step", f"Step of the newest successful {what}.", value=last["step"])
+        yield GaugeMetricFamily(f"{last_name}_age_seconds", f"Time since the newest successful {what} was "
+                                f"{done_word}.", value=max(now - last["time"], 0.0))
+        yield GaugeMetricFamily(f"{last_name}_save_seconds", f"Time training stopped for the newest successful "
+                                f"{what} (blocking part of the save).", value=last["blocking"])
+        commit = last["total"] or last["time"] - self.save_started.get(key, last["time"])
+        yield GaugeMetricFamily(f"{last_name}_commit_seconds", f"From the start of the newest successful {what} "
+                                f"until it was {done_word}.", value=commit)
 
     # --- derived figures ----------------------------------------------------------------------------
 
@@ -289,24 +314,10 @@ class RunMetrics:
         for (category, group), n in sorted(self.interruptions.items()):
             inter.add_metric([category, group], n)
         yield inter
-        saves = CounterMetricFamily("trainguard_checkpoint_saves", "Checkpoint saves finished, by outcome.",
-                                    labels=["outcome"])
-        done = sorted(self.saves.items(), key=lambda kv: kv[1]["time"])
-        saves.add_metric(["ok"], sum(1 for _, s in done if s["ok"]))
-        saves.add_metric(["failed"], sum(1 for _, s in done if not s["ok"]))
-        yield saves
-        ok = [(k, s) for k, s in done if s["ok"]]
-        if ok:
-            key, last = ok[-1]
-            yield GaugeMetricFamily("trainguard_last_checkpoint_step", "Step of the newest successful checkpoint.",
-                                    value=last["step"])
-            yield GaugeMetricFamily("trainguard_last_checkpoint_age_seconds", "Time since the newest successful "
-                                    "checkpoint was durable.", value=max(now - last["time"], 0.0))
-            yield GaugeMetricFamily("trainguard_last_checkpoint_save_seconds", "Time training stopped for the newest "
-                                    "successful checkpoint (blocking part of the save).", value=last["blocking"])
-            commit = last["total"] or last["time"] - self.save_started.get(key, last["time"])
-            yield GaugeMetricFamily("trainguard_last_checkpoint_commit_seconds", "From the start of the newest "
-                                    "successful save until it was durable.", value=commit)
+        yield from self._save_metrics(now, "", "trainguard_checkpoint_saves", "trainguard_last_checkpoint",
+                                      "checkpoint")
+        yield from self._save_metrics(now, "memory", "trainguard_memory_checkpoint_saves",
+                                      "trainguard_last_memory_checkpoint", "memory-tier copy")
         suspects = CounterMetricFamily("trainguard_suspected", "Times a host was blamed: culprit of a diagnosis, "
                                        "named straggler, or excluded (once per attempt and reason).",
                                        labels=["host", "reason"])
