@@ -42,7 +42,7 @@ from trainguard.checkpoint.saving import Committer, SaveJob
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
-from trainguard.core.protocol import MEMORY_GB_ENV
+from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:
@@ -133,8 +133,7 @@ class Checkpointer:
             secret_dir = Path(self._worker.run_dir) if self._worker is not None else self.directory
             make_dirs(secret_dir)
             self.memory = MemoryTier(
-                config, self.directory, secret_dir, self._comm, self._host, self.checksum, self._emit,
-                self.attempt, hooks,
+                config, self.directory, secret_dir, self._comm, self._host, self._emit, self.attempt, hooks,
             )
         self.last_restore: MemoryRestore | None = None
         """What the last `restore` loaded from memory (None: it used storage or found nothing)."""
@@ -409,7 +408,13 @@ def _directory(target: Worker | str | os.PathLike[str], config: CheckpointConfig
 
 
 def _with_launcher_memory_tier(config: CheckpointConfig) -> CheckpointConfig:
-    """``config`` with the launcher's memory bound when the script left ``memory_gb`` unset."""
+    """``config`` with the launcher's memory bound and placement where the script left them unset."""
+    placement = os.environ.get(MEMORY_PLACEMENT_ENV, "")
+    if config.memory_placement is None and placement:
+        try:
+            config = dataclasses.replace(config, memory_placement=placement)
+        except ValueError as exc:
+            log.warning("ignoring %s: %s", MEMORY_PLACEMENT_ENV, exc)
     raw = os.environ.get(MEMORY_GB_ENV, "")
     if config.memory_gb is not None or not raw:
         return config
