@@ -173,6 +173,10 @@ class Checkpointer:
         self._lock = acquire(self.directory, current_owner())
         weakref.finalize(self, self._lock.release)  # a Checkpointer dropped without close()
 
+    def _newest_committed(self) -> int | None:
+        """Storage's newest committed step, from directory names alone (no file read)."""
+        return next(iter(committed_steps(self.directory)), None)
+
     def _phase(self) -> contextlib.AbstractContextManager[None]:
         """The worker's ``checkpoint`` phase (the agent allows it extra time), or nothing without a worker."""
         return self._worker.phase("checkpoint") if self._worker is not None else contextlib.nullcontext()
@@ -377,10 +381,9 @@ class Checkpointer:
             self._setup_groups()
             self.last_restore, self.last_restore_storage_bytes = None, 0
             if self.memory is not None:
-                # Names only (no file read): memory serves unless storage holds a newer checkpoint.
-                newest = self._comm.broadcast(committed_steps(self.directory)[:1] if self.rank == 0 else [],
-                                              self._comm.ctl_pg)
-                self.last_restore = self.memory.restore(state, newest[0] if newest else None)
+                # Names only (no file read): memory serves unless storage holds a newer checkpoint. Rank 0
+                # lists them; its answer travels with the memory tier's own agreement (no collective of its own).
+                self.last_restore = self.memory.restore(state, self._newest_committed)
                 if self.last_restore is not None:
                     self._last_save_step, self._last_save_time = self.last_restore.step, time.monotonic()
                     return self.last_restore.step

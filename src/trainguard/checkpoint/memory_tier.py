@@ -32,7 +32,7 @@ from trainguard.checkpoint.memory_layout import digest, pack, plan
 from trainguard.checkpoint.memory_load import OwnCopy, close_quietly, fetch_replica
 from trainguard.checkpoint.memory_meta import CopyMeta
 from trainguard.checkpoint.memory_placement import RING, parse_placement, replica_nodes
-from trainguard.checkpoint.memory_store import GB, Copy, copies, describe, node_dir, rank_dir, run_id
+from trainguard.checkpoint.memory_store import GB, Copy, copies, describe, node_dir, rank_dir, replica_steps, run_id
 from trainguard.checkpoint.memory_store import begin as begin_slot
 from trainguard.checkpoint.restore import to_payload, write_back
 from trainguard.checkpoint.structure import tensor_bytes
@@ -176,8 +176,9 @@ class MemoryTier:
                 self._executor.shutdown(wait=True)
 
     # --- restore ---------------------------------------------------------------------------------
-    def restore(self, state: dict[str, Any], storage_step: int | None) -> MemoryRestore | None:
-        """Load the newest step every rank holds in memory (not older than ``storage_step``); None: use storage."""
+    def restore(self, state: dict[str, Any], storage_newest: Callable[[], int | None]) -> MemoryRestore | None:
+        """Load the newest step every rank holds in memory and not older than storage's newest committed step
+        (``storage_newest``, asked on rank 0 only); None: use storage."""
         clock = _Phases()
         comm, rank = self.comm, self.comm.rank
         try:
@@ -188,15 +189,19 @@ class MemoryTier:
         own = {c.meta.step: c for c in copies(rank_dir(self.node_dir, "own", rank))
                if c.meta.rank == rank and c.meta.world_size == comm.world_size}
         # The newest own copy is checksummed in a thread while the ranks list and agree (network-bound).
-        early = _quietly(lambda: OwnCopy.start(own[max(own)], self._pool()), None) if own else None
+        early: OwnCopy | None = None
+        with contextlib.suppress(CheckpointError, OSError):  # a copy that cannot be mapped is rejected below
+            early = OwnCopy.start(own[max(own)], self._pool()) if own else None
         try:
-            assert self._own is not None
-            own_holder = self._own
-            listing = _quietly(lambda: HolderClient(own_holder, self.signer, 10.0).replicas(), {})
+            # The replicas this node's holder has, read from its directory (the same files its ``list``
+            # reads): no round trip to a process that may be waiting for a core.
+            listing = replica_steps(self.node_dir)
             clock.mark("listing")
-            where, common = _agree(comm.all_gather((self.node, listing, sorted(own)), comm.ctl_pg), rank, by_node)
+            storage_step = storage_newest() if rank == 0 else None
+            gathered = comm.all_gather((self.node, listing, sorted(own), storage_step), comm.ctl_pg)
+            where, common = _agree([g[:3] for g in gathered], rank, by_node)
             clock.mark("agree")
-            floor = -1 if storage_step is None else storage_step
+            floor = -1 if gathered[0][3] is None else gathered[0][3]
             payload = to_payload(state, rank)
             flat, mapping = flatten_state_dict(payload)
             for step in sorted((s for s in common if s >= floor), reverse=True):
@@ -241,7 +246,7 @@ class MemoryTier:
                 if candidate is None:
                     candidate = OwnCopy.start(own, self._pool())
                 return candidate.load(flat), "own", [candidate.mapped]
-            except CheckpointError as exc:
+            except (CheckpointError, OSError) as exc:
                 problem = str(exc)
                 if candidate is not None and candidate is not early:
                     candidate.discard()
@@ -295,14 +300,6 @@ def _agree(
                 for step in held:
                     where.setdefault(step, []).append(by_node[node])
     return where, set.intersection(*steps)
-
-
-def _quietly(call: Callable[[], Any], default: Any) -> Any:
-    try:
-        return call()
-    except (CheckpointError, OSError) as exc:
-        log.warning("memory holder unreachable: %s", exc)
-        return default
 
 
 def _hostname() -> str:
