@@ -14,7 +14,12 @@ Example: ``python benchmarks/checkpoint.py --mb 256 --ranks 2 --repeats 3``.
 ``--memory`` measures the memory tier instead, every rank a node of its own (its own holder, the other
 rank's node as its peer): the stall of a memory-tier save against plain ``dcp.async_save``'s, a restore
 from the node's own memory and one from the peer's replica (own copies removed first) against a cold
-plain ``dcp.load`` of the same state from disk, and the bytes each restore read from storage.
+plain ``dcp.load`` of the same state from disk, and the bytes each restore read from storage. Beside
+them, the physical bounds of this machine: one ``copy_`` of the rank's bytes between two tensors
+(``memcpy``; ``ceiling_ratio = dcp_load / memcpy`` is the most any restore that copies the bytes once
+could gain over ``dcp.load`` here) and one transfer of them over loopback TCP, every rank at once
+(``tcp_loopback``; the bound of a peer restore, ``peer_ceiling_ratio``). ``restore_phases_median``
+splits each memory restore into its parts (`MemoryRestore.phases`).
 Example: ``python benchmarks/checkpoint.py --memory --mb 512 --ranks 2 --repeats 3`` (256 MB per rank).
 """
 
@@ -256,6 +261,40 @@ def _storage_read_bytes() -> int:
     return 0
 
 
+def _loopback_transfer(payload: memoryview) -> None:
+    """Send ``payload`` to this process over loopback TCP and receive it into a fresh buffer (the peer
+    restore's transfer, with no holder, checksum or copy around it)."""
+    import mmap
+    import threading
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def send() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(payload)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        buf = mmap.mmap(-1, payload.nbytes)
+        with socket.create_connection(server.getsockname()) as sock, memoryview(buf) as view:
+            got = 0
+            while got < payload.nbytes:
+                n = sock.recv_into(view[got:], min(payload.nbytes - got, 8 << 20))
+                if not n:
+                    raise SystemExit("loopback transfer ended early")
+                got += n
+        buf.close()
+        sender.join()
+
+
+def _phase_medians(phases: list[dict[str, float]]) -> dict[str, float]:
+    names = sorted({k for p in phases for k in p})
+    return {k: round(statistics.median(p.get(k, 0.0) for p in phases), 4) for k in names}
+
+
 def memory_worker(args: argparse.Namespace) -> None:
     """The ``--memory`` measurements (see module doc); rank 0 writes the JSON."""
     from datetime import timedelta
@@ -286,11 +325,17 @@ def memory_worker(args: argparse.Namespace) -> None:
     target = {"rank_local": {k: torch.empty_like(v) for k, v in b.shards.items()}}
     loaded = {"__rank_local__": {str(b.rank): {k: torch.empty_like(v) for k, v in b.shards.items()}}}
     runs: dict[str, list[float]] = {k: [] for k in ("memory_stall", "memory_total", "dcp_async_stall",
-                                                     "dcp_async_total", "own_restore", "peer_restore", "dcp_load")}
+                                                     "dcp_async_total", "own_restore", "peer_restore", "dcp_load",
+                                                     "memcpy", "tcp_loopback")}
     tiers, storage_bytes, disk_bytes = set(), [], []
+    phases: dict[str, list[dict[str, float]]] = {"own": [], "peer": []}
+    source = torch.cat([t.view(torch.uint8) for t in b.shards.values()])
+    sink = torch.empty_like(source)
+    sink.copy_(source)  # pages of the destination allocated before the first timed copy, as the model's are
 
     def restore(expect: str) -> None:
-        step = ckpt.restore(target)
+        runs[f"{expect.rstrip(':')}_restore"].append(b.timed(lambda: ckpt.restore(target)))
+        step = ckpt.last_restore.step if ckpt.last_restore else None
         got = ckpt.last_restore.tier if ckpt.last_restore else "storage"
         if step is None or not got.startswith(expect):
             raise SystemExit(f"memory restore came from {got}, not {expect}")
@@ -298,6 +343,8 @@ def memory_worker(args: argparse.Namespace) -> None:
             raise SystemExit("memory restore returned other data")
         tiers.add(got)
         storage_bytes.append(ckpt.last_restore_storage_bytes)
+        assert ckpt.last_restore is not None
+        phases["own" if expect == "own" else "peer"].append(ckpt.last_restore.phases)
 
     def dcp_load() -> None:
         before = _storage_read_bytes()
@@ -313,10 +360,12 @@ def memory_worker(args: argparse.Namespace) -> None:
         _async_pair(b, runs, lambda rep=rep: ckpt.save_to_memory(rep, state), lambda _: ckpt.wait(), "memory")
         _async_pair(b, runs, lambda rep=rep: dcp.async_save(plain, checkpoint_id=b.base / f"async-{rep}",
                                                     process_group=async_pg), lambda fut: fut.result(), "dcp_async")
-        runs["own_restore"].append(b.timed(lambda: restore("own")))
+        restore("own")  # timed inside; the data check after the clock stops (dcp_load has none either)
         drop_own()
-        runs["peer_restore"].append(b.timed(lambda: restore("peer:")))
+        restore("peer:")
         runs["dcp_load"].append(b.timed(dcp_load, evict=True))
+        runs["memcpy"].append(b.timed(lambda: sink.copy_(source)))
+        runs["tcp_loopback"].append(b.timed(lambda: _loopback_transfer(b.payload)))
         if b.rank == 0:
             shutil.rmtree(b.base / f"async-{rep}", ignore_errors=True)
     ckpt.close()
@@ -329,7 +378,12 @@ def memory_worker(args: argparse.Namespace) -> None:
                 "own_restore_speedup_vs_dcp_load": _paired(runs, "dcp_load", "own_restore"),
                 "peer_restore_speedup_vs_dcp_load": _paired(runs, "dcp_load", "peer_restore"),
                 "memory_stall_vs_dcp_async_stall": _paired(runs, "memory_stall", "dcp_async_stall"),
+                "ceiling_ratio": _paired(runs, "dcp_load", "memcpy"),
+                "peer_ceiling_ratio": _paired(runs, "dcp_load", "tcp_loopback"),
+                "own_restore_vs_memcpy": _paired(runs, "own_restore", "memcpy"),
+                "peer_restore_vs_tcp_loopback": _paired(runs, "peer_restore", "tcp_loopback"),
             },
+            "restore_phases_median": {tier: _phase_medians(p) for tier, p in phases.items()},
             # Rank 0's figures: checkpoint bytes the checkpointer read, and the block-device reads of dcp.load.
             "storage_bytes_read_per_restore": {"memory_tier": max(storage_bytes), "dcp_load": max(disk_bytes)},
             "tiers_seen_on_rank0": sorted(tiers),

@@ -27,6 +27,7 @@ SECRET = "memory-tier-test-secret-0123456789"
 def launch(
     tmp: Path, ckpt_dir: Path, shm: Path, nodes: list[str], *, steps: int = 8, save_every: int = 4,
     fault: str = "", fault_step: int = 0, fault_rank: int = 0, tag: str = "run", timeout_seconds: float = 120.0,
+    placement: str = "",
 ) -> tuple[list[int | None], list[dict]]:
     """Start one rank per entry of ``nodes`` (its node id); when one fails the others are killed a second later."""
     port = free_port()
@@ -39,7 +40,8 @@ def launch(
         log = (tmp / f"{tag}-rank{rank}.log").open("wb")
         cmd = [sys.executable, __file__, "--rank", str(rank), "--world", str(len(nodes)), "--port", str(port),
                "--dir", str(ckpt_dir), "--shm", str(shm), "--steps", str(steps), "--save-every", str(save_every),
-               "--out", str(out), "--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank)]
+               "--out", str(out), "--fault", fault, "--fault-step", str(fault_step), "--fault-rank", str(fault_rank),
+               "--placement", placement]
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_seconds
     failed_at: float | None = None
@@ -62,6 +64,7 @@ def main() -> int:
     for name in ("--dir", "--shm", "--out"):
         ap.add_argument(name, required=True)
     ap.add_argument("--fault", default="")
+    ap.add_argument("--placement", default="")
     args = ap.parse_args()
 
     from datetime import timedelta
@@ -86,6 +89,7 @@ def main() -> int:
     config = CheckpointConfig(
         keep_last=10, interval=IntervalPolicy.every_steps(args.save_every), timeout_seconds=30.0,
         memory_gb=0.05, memory_every_steps=1, memory_root=args.shm, memory_address="127.0.0.1",
+        memory_placement=args.placement or None,
     )
     class Records:  # the checkpointer's events, kept for the result
         def __init__(self) -> None:

@@ -1,4 +1,5 @@
-"""The memory tier under faults: real 2-rank gloo jobs, each rank a "node" with its own holder on loopback.
+"""The memory tier under faults: real 2-rank (one case 3-rank) gloo jobs, each rank a "node" with its own holder
+on loopback.
 
 Storage saves every 4 steps, memory copies every step; every recovered job's losses equal the
 fault-free run's, bit for bit, and each case checks which tier served the restore.
@@ -71,18 +72,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
 
 
 def _resume(tmp: Path, ckpt: Path, shm: Path, nodes: list[str], start: int, tiers: list[str],
-            reference: dict[str, float]) -> list[dict]:
-    codes, results = launch(tmp, ckpt, shm, nodes, steps=STEPS, tag="resume")
-    assert codes == [0, 0], (tmp / "resume-rank0.log").read_text() + (tmp / "resume-rank1.log").read_text()
-    assert [r["start"] for r in results] == [start, start]
+            reference: dict[str, float], placement: str = "") -> list[dict]:
+    codes, results = launch(tmp, ckpt, shm, nodes, steps=STEPS, tag="resume", placement=placement)
+    assert codes == [0] * len(nodes), "".join((tmp / f"resume-rank{r}.log").read_text() for r in range(len(nodes)))
+    assert [r["start"] for r in results] == [start] * len(nodes)
     assert [r["tier"] for r in results] == tiers
     for step in range(start + 1, STEPS + 1):
         assert results[0]["losses"][str(step)] == reference[str(step)]
     return results
 
 
-def _crash(tmp: Path, ckpt: Path, shm: Path, nodes: list[str], rank: int = 0) -> None:
-    codes, _ = launch(tmp, ckpt, shm, nodes, steps=STEPS, fault="crash", fault_step=6, fault_rank=rank, tag="fault")
+def _crash(tmp: Path, ckpt: Path, shm: Path, nodes: list[str], rank: int = 0, placement: str = "") -> None:
+    codes, _ = launch(tmp, ckpt, shm, nodes, steps=STEPS, fault="crash", fault_step=6, fault_rank=rank, tag="fault",
+                      placement=placement)
     assert codes[rank] == -9, (tmp / "fault-rank0.log").read_text()
 
 
@@ -141,3 +143,23 @@ def test_save_interrupted_mid_copy_keeps_the_previous_copy(dirs: Dirs, reference
     assert codes[1] == -9
     # Rank 1's copy of step 6 was half written: step 5, in the other slot, is the newest both ranks hold.
     _resume(tmp, ckpt, shm, ["nA", "nB"], 5, ["own", "own"], reference)
+
+
+def test_clique_node_and_its_ring_peer_lost_restore_from_the_third_clique_node(dirs: Dirs) -> None:
+    # Three nodes, one clique: every copy is on all three. Nodes A and B go (with a ring, rank 0's only
+    # replica was on B): ranks 0 and 1 come back on new nodes and fetch theirs from C.
+    tmp, ckpt, shm = dirs
+    ref_dir = tmp / "reference"
+    ref_dir.mkdir()
+    codes, ref = launch(ref_dir, ref_dir / "ckpt", shm, ["rA", "rB", "rC"], steps=STEPS, tag="ref")
+    assert codes == [0, 0, 0], (ref_dir / "ref-rank0.log").read_text()
+    for node in ("rA", "rB", "rC"):
+        _stop_holder(shm, ref_dir / "ckpt", node)
+    nodes = ["nA", "nB", "nC"]
+    _crash(tmp, ckpt, shm, nodes, placement="clique:3")
+    assert {p.name for p in (_node(shm, ckpt, "nC") / "replicas").iterdir()} == {"rank-0", "rank-1"}
+    _stop_holder(shm, ckpt, "nA")
+    _stop_holder(shm, ckpt, "nB")
+    results = _resume(tmp, ckpt, shm, ["nD", "nE", "nC"], 6, ["peer:nC", "peer:nC", "own"], ref[0]["losses"],
+                      placement="clique:3")
+    assert [r["storage_bytes"] for r in results] == [0, 0, 0]

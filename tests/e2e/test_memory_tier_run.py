@@ -52,3 +52,11 @@ def test_a_negative_memory_bound_is_a_usage_error(tmp_path: Path) -> None:
                      str(SCRIPT), timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len([line for line in res.stderr.splitlines() if line.strip()]) == 1, res.stderr
+
+
+def test_a_bad_placement_is_a_usage_error(tmp_path: Path) -> None:
+    res = trainguard("run", "--standalone", "--memory-checkpoint-gb", "1", "--memory-checkpoint-placement", "clique:1",
+                     "--run-dir", str(tmp_path / "run"), str(SCRIPT), timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--memory-checkpoint-placement" in res.stderr and "clique:K" in res.stderr, res.stderr
+    assert not (tmp_path / "run").exists()

@@ -3,9 +3,11 @@ the holder's authentication, and a Checkpointer restoring from memory (with a re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from trainguard.checkpoint import CheckpointConfig, Checkpointer, CheckpointErro
 from trainguard.checkpoint.memory_client import Address, HolderClient
 from trainguard.checkpoint.memory_layout import digest as checksum
 from trainguard.checkpoint.memory_layout import pack, plan, unpack, verify
+from trainguard.checkpoint.memory_load import OwnCopy, fetch_replica
 from trainguard.checkpoint.memory_meta import CopyMeta
 from trainguard.checkpoint.memory_store import begin, copies, describe, node_dir, rank_dir, run_id, secure_dir
 from trainguard.launch.store_auth import StoreSigner
@@ -197,3 +200,70 @@ def test_memory_saves_and_restores_are_recorded_with_their_tier(memory_job: Memo
     (loaded,) = [r for r in records if isinstance(r, CheckpointLoaded)]
     assert (loaded.attempt, loaded.step, loaded.tier, loaded.path) == (1, 2, "memory", "memory:own")
     assert loaded.seconds > 0
+
+
+def test_own_copy_is_checked_before_it_is_used(tmp_path: Path) -> None:
+    node = node_dir(tmp_path, "run", "n0")
+    directory = rank_dir(node, "own", 0)
+    meta, data = _copy({"w": torch.arange(6, dtype=torch.float32)})
+    slot, mapped = begin(node, directory, meta.size, 1 << 20, "rank 0")
+    mapped[: meta.size] = data
+    mapped.close()
+    describe(directory, slot, meta)
+    with ThreadPoolExecutor(1) as pool:
+        good = OwnCopy.start(copies(directory)[0], pool)
+        assert torch.equal(good.load({"w": torch.zeros(6)})["w"], torch.arange(6, dtype=torch.float32))
+        wrong_shape = OwnCopy.start(copies(directory)[0], pool)
+        with pytest.raises(CheckpointError, match=r"float32\[6\]"):
+            wrong_shape.load({"w": torch.zeros(2, 3)})
+        raw = bytearray((directory / f"slot-{slot}.bin").read_bytes())
+        raw[5] ^= 0x01
+        (directory / f"slot-{slot}.bin").write_bytes(bytes(raw))
+        bad = OwnCopy.start(copies(directory)[0], pool)
+        with pytest.raises(CheckpointError, match="checksum mismatch"):
+            bad.load({"w": torch.zeros(6)})
+        for copy in (good, wrong_shape, bad):
+            copy.discard()
+
+
+def test_a_corrupted_newest_copy_falls_back_to_the_older_one(memory_job: MemoryJob) -> None:
+    ckpt_dir, config = memory_job
+    with Checkpointer(ckpt_dir, config) as ckpt:
+        ckpt.save(1, {"w": torch.full((8,), 1.0)})  # storage and memory
+        ckpt.save_to_memory(2, {"w": torch.full((8,), 2.0)})
+        ckpt.wait()
+        assert ckpt.memory is not None
+        own = ckpt.memory.node_dir / "own" / "rank-0"
+    newest = next(c for c in copies(own) if c.meta.step == 2)
+    raw = bytearray(newest.data.read_bytes())
+    raw[3] ^= 0x40
+    newest.data.write_bytes(bytes(raw))
+    with Checkpointer(ckpt_dir, config) as ckpt:
+        state = {"w": torch.zeros(8)}
+        assert ckpt.restore(state) == 1  # step 2's copy is rejected unused; step 1's is as new as storage's
+        assert ckpt.last_restore is not None and ckpt.last_restore.tier == "own"
+        assert torch.equal(state["w"], torch.full((8,), 1.0))
+        assert set(ckpt.last_restore.phases) >= {"listing", "agree", "load", "verdict", "copy"}
+    assert [c.meta.step for c in copies(own)] == [1]  # never offered again
+
+
+def test_a_replica_is_checksummed_as_it_arrives(memory_job: MemoryJob) -> None:
+    ckpt_dir, config = memory_job
+    with Checkpointer(ckpt_dir, config) as ckpt:
+        ckpt.save_to_memory(1, {"w": torch.ones(3)})
+        ckpt.wait()
+        assert ckpt.memory is not None
+        address = ckpt.memory.holders()[0]
+    signer = StoreSigner(SECRET.encode())
+    flat = {"w": torch.arange(1000, dtype=torch.float32)}
+    meta, data = _copy(flat, step=5)
+    meta = dataclasses.replace(meta, rank=1, world_size=2)
+    HolderClient(address, signer).put(meta, memoryview(data))
+    staged, _buffer = fetch_replica(address, signer, 10.0, 5, 1, 2, {"w": torch.zeros(1000)})
+    assert torch.equal(staged["w"], flat["w"])
+    del staged
+    with pytest.raises(CheckpointError, match="replica holds rank 1 step 5 of 2 ranks"):
+        fetch_replica(address, signer, 10.0, 5, 1, 3, {"w": torch.zeros(1000)})
+    HolderClient(address, signer).put(dataclasses.replace(meta, step=6, checksum="0" * 8), memoryview(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        fetch_replica(address, signer, 10.0, 6, 1, 2, {"w": torch.zeros(1000)})

@@ -21,7 +21,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 # A flag token in prose or a code block: --word or -x (not part of a longer word).
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*|-[a-z](?![\w-]))")
 # Flags docs/run.md shows that are not trainguard's: the training scripts' own, Python's, a benchmark's.
-_NOT_OURS = {"--lr", "--save_only_model", "-u", "--reps"}
+_NOT_OURS = {"--lr", "--save_only_model", "-u", "--reps", "--only-unmodified"}  # scripts' and benchmarks' flags
 
 
 def _parser(module: object) -> argparse.ArgumentParser:
@@ -72,7 +72,7 @@ def test_the_documented_run_flags_parse() -> None:
         "auto_instrument": False, "in_process": True, "in_process_timeout_seconds": 12.0, "warm_spares": 1,
         "fresh_processes": False, "module": True, "no_python": False, "local_addr": "10.0.0.2", "role": "trainer",
         "redirects": "3", "tee": "0:1", "quiet": True, "max_log_mb": 64, "node_lost_timeout_seconds": 6.0,
-        "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0}
+        "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring"}
     assert flag_values(args, WatchdogConfig) == {"floor_seconds": 7.0, "multiplier": 2.5,
                                                  "first_step_allowance_seconds": 120.0,
                                                  "checkpoint_allowance_seconds": 120.0}

@@ -42,7 +42,7 @@ from trainguard.checkpoint.saving import Committer, SaveJob
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
-from trainguard.core.protocol import MEMORY_GB_ENV
+from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:
@@ -133,8 +133,7 @@ class Checkpointer:
             secret_dir = Path(self._worker.run_dir) if self._worker is not None else self.directory
             make_dirs(secret_dir)
             self.memory = MemoryTier(
-                config, self.directory, secret_dir, self._comm, self._host, self.checksum, self._emit,
-                self.attempt, hooks,
+                config, self.directory, secret_dir, self._comm, self._host, self._emit, self.attempt, hooks,
             )
         self.last_restore: MemoryRestore | None = None
         """What the last `restore` loaded from memory (None: it used storage or found nothing)."""
@@ -173,6 +172,10 @@ class Checkpointer:
         """Take the directory for this job (rank 0 only); `CheckpointError` naming the job that holds it."""
         self._lock = acquire(self.directory, current_owner())
         weakref.finalize(self, self._lock.release)  # a Checkpointer dropped without close()
+
+    def _newest_committed(self) -> int | None:
+        """Storage's newest committed step, from directory names alone (no file read)."""
+        return next(iter(committed_steps(self.directory)), None)
 
     def _phase(self) -> contextlib.AbstractContextManager[None]:
         """The worker's ``checkpoint`` phase (the agent allows it extra time), or nothing without a worker."""
@@ -378,10 +381,9 @@ class Checkpointer:
             self._setup_groups()
             self.last_restore, self.last_restore_storage_bytes = None, 0
             if self.memory is not None:
-                # Names only (no file read): memory serves unless storage holds a newer checkpoint.
-                newest = self._comm.broadcast(committed_steps(self.directory)[:1] if self.rank == 0 else [],
-                                              self._comm.ctl_pg)
-                self.last_restore = self.memory.restore(state, newest[0] if newest else None)
+                # Names only (no file read): memory serves unless storage holds a newer checkpoint. Rank 0
+                # lists them; its answer travels with the memory tier's own agreement (no collective of its own).
+                self.last_restore = self.memory.restore(state, self._newest_committed)
                 if self.last_restore is not None:
                     self._last_save_step, self._last_save_time = self.last_restore.step, time.monotonic()
                     return self.last_restore.step
@@ -409,7 +411,13 @@ def _directory(target: Worker | str | os.PathLike[str], config: CheckpointConfig
 
 
 def _with_launcher_memory_tier(config: CheckpointConfig) -> CheckpointConfig:
-    """``config`` with the launcher's memory bound when the script left ``memory_gb`` unset."""
+    """``config`` with the launcher's memory bound and placement where the script left them unset."""
+    placement = os.environ.get(MEMORY_PLACEMENT_ENV, "")
+    if config.memory_placement is None and placement:
+        try:
+            config = dataclasses.replace(config, memory_placement=placement)
+        except ValueError as exc:
+            log.warning("ignoring %s: %s", MEMORY_PLACEMENT_ENV, exc)
     raw = os.environ.get(MEMORY_GB_ENV, "")
     if config.memory_gb is not None or not raw:
         return config

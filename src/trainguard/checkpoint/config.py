@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from trainguard.checkpoint.checksum import available
 from trainguard.checkpoint.interval import IntervalPolicy
+from trainguard.checkpoint.memory_placement import parse_placement
 
 
 def _every_100_steps() -> IntervalPolicy:
@@ -39,7 +40,11 @@ class CheckpointConfig:
     """Memory tier: GiB of host memory each node may hold for it (own copies and replicas held for other
     nodes, both slots); a save that does not fit is refused. None: no memory tier (docs/checkpoint.md)."""
     memory_peer: bool = True
-    """Memory tier: also push each copy to the next node's holder (ring over node ids)."""
+    """Memory tier: also push each copy to other nodes' holders (where: ``memory_placement``)."""
+    memory_placement: str | None = None
+    """Memory tier: which nodes get a replica of a node's copies: ``ring`` (the next node, by node id) or
+    ``clique:K`` (nodes cut into cliques of K consecutive node ids, K >= 2; every other node of the clique).
+    None: the launcher's ``--memory-checkpoint-placement`` (``TRAINGUARD_MEMORY_CHECKPOINT_PLACEMENT``), else ring."""
     memory_every_steps: int | None = None
     """Memory tier: `Checkpointer.should_save_to_memory` is true every this many steps (None: never; every
     storage `save` also copies to memory)."""
@@ -72,6 +77,11 @@ class CheckpointConfig:
             raise ValueError(
                 f"CheckpointConfig.memory_every_steps must be None or an integer >= 1, got {self.memory_every_steps!r}"
             )
+        if self.memory_placement is not None:
+            try:
+                parse_placement(self.memory_placement)
+            except ValueError as exc:
+                raise ValueError(f"CheckpointConfig.memory_placement: {exc}") from None
         if self.directory is not None and not str(os.fspath(self.directory)):
             raise ValueError("CheckpointConfig.directory must not be empty (None: the run directory's checkpoints/)")
 

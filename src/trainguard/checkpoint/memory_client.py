@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.checksum import new_hasher
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory_holder import STATE_FILE, read_line, signed, unsigned
 from trainguard.checkpoint.memory_meta import CopyMeta
@@ -26,6 +27,8 @@ from trainguard.launch.lifetime import untagged_environ
 from trainguard.launch.store_auth import StoreSigner
 
 START_SECONDS = 20.0
+HASH_CHUNK = 4 << 20
+"""A fetched replica is checksummed in pieces this large as it arrives (small enough to stay in the cache)."""
 _HOLDER_MAIN = "import sys; from trainguard.checkpoint.memory_holder import main; sys.exit(main(sys.argv[1:]))"
 """``-c`` rather than ``-m``: the package imports the holder module, which ``-m`` would then run twice."""
 
@@ -82,19 +85,27 @@ class HolderClient:
         with self._call({"op": "list"}) as (_, _, answer):
             return {int(r): [int(s) for s in steps] for r, steps in answer()["replicas"].items()}
 
-    def get(self, rank: int, step: int) -> tuple[CopyMeta, mmap.mmap]:
-        """A replica's description and bytes (not yet verified: the caller does)."""
+    def get(self, rank: int, step: int) -> tuple[CopyMeta, mmap.mmap, str]:
+        """A replica's description, bytes and the digest of those bytes by the description's algorithm, taken
+        while they arrived (one pass; the caller compares it with the description before using a byte)."""
         with self._call({"op": "get", "rank": rank, "step": step}) as (_, rfile, answer):
             meta = CopyMeta.from_bytes(str(answer()["meta"]).encode())
+            try:
+                hasher = new_hasher(meta.algorithm)
+            except ValueError as exc:
+                raise CheckpointError(str(exc)) from None
             data = mmap.mmap(-1, max(meta.size, 1))  # anonymous: no zero-filling pass before the transfer
-            got = 0
+            got = hashed = 0
             with memoryview(data) as view:
                 while got < meta.size:
-                    n = rfile.readinto(view[got : meta.size])
+                    n = rfile.readinto(view[got : min(got + HASH_CHUNK, meta.size)])
                     if not n:
                         raise CheckpointError(f"holder of node {self.address.node} went away mid-transfer")
                     got += n
-            return meta, data
+                    if got - hashed >= HASH_CHUNK or got == meta.size:
+                        hasher.update(view[hashed:got])  # still in the cache: the receive was the read
+                        hashed = got
+            return meta, data, hasher.hexdigest()
 
     def stop(self) -> None:
         with self._call({"op": "stop"}) as (_, _, answer):

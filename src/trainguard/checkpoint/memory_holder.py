@@ -31,7 +31,7 @@ from typing import Any
 
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory_meta import CopyMeta
-from trainguard.checkpoint.memory_store import begin, copies, describe, rank_dir, secure_dir
+from trainguard.checkpoint.memory_store import begin, copies, describe, rank_dir, replica_steps, secure_dir
 from trainguard.launch.store_auth import StoreSigner
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,7 @@ class Holder:
         if op == "ping":
             wfile.write(signed(self.signer, reply, {"ok": True, "pid": os.getpid()}))
         elif op == "list":
-            held: dict[str, list[int]] = {}
-            with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(self.node / "replicas"):
-                    if entry.name.startswith("rank-") and entry.is_dir(follow_symlinks=False):
-                        held[entry.name[5:]] = [c.meta.step for c in copies(Path(entry.path))]
+            held = {str(rank): steps for rank, steps in replica_steps(self.node).items()}
             wfile.write(signed(self.signer, reply, {"ok": True, "replicas": held}))
         elif op == "put":
             self._put(request, rfile, wfile, reply)

@@ -78,34 +78,44 @@ def digest(data: memoryview, algorithm: str) -> str:
     return hasher.hexdigest()
 
 
-def verify(meta: CopyMeta, data: memoryview) -> str:
-    """Why ``data`` is not the copy ``meta`` describes, or ``""`` when its size and checksum match."""
+def verify(meta: CopyMeta, data: memoryview, computed: str | None = None) -> str:
+    """Why ``data`` is not the copy ``meta`` describes, or ``""`` when its size and checksum match.
+
+    ``computed``: the digest of ``data[:meta.size]`` already taken (while it was received or in a thread)."""
     if len(data) < meta.size:
         return f"memory copy is truncated ({len(data)} of {meta.size} bytes)"
-    try:
-        got = digest(data[: meta.size], meta.algorithm)
-    except ValueError as exc:
-        return str(exc)
-    if got != meta.checksum:
-        return f"memory copy checksum mismatch ({meta.algorithm} {got}, expected {meta.checksum})"
+    if computed is None:
+        try:
+            computed = digest(data[: meta.size], meta.algorithm)
+        except ValueError as exc:
+            return str(exc)
+    if computed != meta.checksum:
+        return f"memory copy checksum mismatch ({meta.algorithm} {computed}, expected {meta.checksum})"
     return ""
 
 
-def unpack(meta: CopyMeta, data: memoryview, flat: dict[str, Any]) -> dict[str, Any]:
-    """Staged values for ``flat`` from a verified copy (tensor views into ``data``); `CheckpointError` when
-    the copy's structure differs from the state's."""
+def check_structure(meta: CopyMeta, flat: dict[str, Any]) -> None:
+    """`CheckpointError` when the copy's tensors (keys, dtypes, shapes) differ from the state's; reads no data."""
     tensors = {k for k, v in flat.items() if isinstance(v, torch.Tensor)}
     saved = {e.key: e for e in meta.entries}
     if set(saved) != tensors:
         missing = sorted(tensors - set(saved)) or sorted(set(saved) - tensors)
         raise CheckpointError(f"memory copy does not match the state's tensors (first difference: {missing[0]})")
-    staged: dict[str, Any] = {}
     for key, entry in saved.items():
         value = flat[key]
-        dtype = _dtype(entry.dtype)
-        if dtype != value.dtype or entry.shape != tuple(value.shape):
+        if _dtype(entry.dtype) != value.dtype or entry.shape != tuple(value.shape):
             raise CheckpointError(f"memory copy of {key} is {entry.dtype}{list(entry.shape)}, the state's is "
                                   f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}")
+
+
+def unpack(meta: CopyMeta, data: memoryview, flat: dict[str, Any]) -> dict[str, Any]:
+    """Staged values for ``flat`` from a verified copy (tensor views into ``data``); `CheckpointError` when
+    the copy's structure differs from the state's."""
+    check_structure(meta, flat)
+    tensors = {k for k, v in flat.items() if isinstance(v, torch.Tensor)}
+    staged: dict[str, Any] = {}
+    for entry in meta.entries:
+        key, dtype = entry.key, _dtype(entry.dtype)
         if entry.nbytes == 0:
             staged[key] = torch.empty(entry.shape, dtype=dtype)
         else:

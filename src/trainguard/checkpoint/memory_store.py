@@ -97,6 +97,16 @@ def copies(directory: Path) -> list[Copy]:
     return sorted(found, key=lambda c: c.meta.step, reverse=True)
 
 
+def replica_steps(node: Path) -> dict[int, list[int]]:
+    """Rank -> the described steps of the replicas ``node`` holds for other nodes' ranks."""
+    held: dict[int, list[int]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(node / "replicas"):
+            if entry.name.startswith("rank-") and entry.name[5:].isdigit() and entry.is_dir(follow_symlinks=False):
+                held[int(entry.name[5:])] = [c.meta.step for c in copies(Path(entry.path))]
+    return held
+
+
 @contextlib.contextmanager
 def node_lock(node: Path) -> Iterator[None]:
     """The node's accounting lock (ranks and the holder reserve memory under it)."""

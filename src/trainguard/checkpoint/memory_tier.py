@@ -1,11 +1,12 @@
 """The memory tier of a `Checkpointer`: each rank's newest states in its node holder's memory and on a peer node.
 
 Save: the state is copied once into a slot under /dev/shm (the stall); a background thread checksums it,
-describes it (only then is it a valid copy) and pushes it to the next node's holder (ring placement over
-the job's node ids). Restore, before storage: every rank lists the steps it can get (own node's slots,
-replicas on any holder) and the ranks agree on the newest step all of them have and that is not older
-than storage's newest; each rank then tries its own copy, then the replicas, each verified by checksum
-and structure, and the model is written only once every rank verified one. Otherwise storage restores.
+describes it (only then is it a valid copy) and pushes it to the holders `memory_placement` names (the
+next node of a ring, or the rest of its clique). Restore, before storage: every rank lists the steps it
+can get (own node's slots, replicas on any holder) and, in one collective, the ranks agree on the newest
+step all of them have and that is not older than storage's newest; each rank then tries its own copy,
+then the replicas, each verified by checksum and structure (`memory_load`), and the model is written
+only once every rank verified one. Otherwise storage restores.
 docs/checkpoint.md ("Memory tier").
 """
 
@@ -18,17 +19,20 @@ import mmap
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.checksum import default_algorithm
 from trainguard.checkpoint.config import CheckpointConfig
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.groups import Collectives
 from trainguard.checkpoint.memory_client import Address, HolderClient, ensure_holder
-from trainguard.checkpoint.memory_layout import digest, pack, plan, unpack, verify
+from trainguard.checkpoint.memory_layout import digest, pack, plan
+from trainguard.checkpoint.memory_load import OwnCopy, close_quietly, fetch_replica
 from trainguard.checkpoint.memory_meta import CopyMeta
-from trainguard.checkpoint.memory_store import GB, copies, describe, map_copy, node_dir, rank_dir, run_id
+from trainguard.checkpoint.memory_placement import RING, parse_placement, replica_nodes
+from trainguard.checkpoint.memory_store import GB, Copy, copies, describe, node_dir, rank_dir, replica_steps, run_id
 from trainguard.checkpoint.memory_store import begin as begin_slot
 from trainguard.checkpoint.restore import to_payload, write_back
 from trainguard.checkpoint.structure import tensor_bytes
@@ -55,6 +59,10 @@ class MemoryRestore:
     """``own`` (this node's memory) or ``peer:<node>`` (a replica on that node's holder)."""
     nbytes: int
     """Tensor bytes restored."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per part of the restore: ``listing`` (own copies, holder listing, the own copy's checksum
+    started), ``agree`` (the one collective choosing the step), ``load`` (checksum wait or replica fetch),
+    ``verdict`` (every rank verified?), ``copy`` (into the model)."""
 
 
 class MemoryTier:
@@ -62,17 +70,20 @@ class MemoryTier:
 
     def __init__(
         self, config: CheckpointConfig, directory: Path, secret_dir: Path, comm: Collectives, node: str,
-        algorithm: str, emit: Callable[[Event], None], attempt: int, hooks: WriteHooks | None,
+        emit: Callable[[Event], None], attempt: int, hooks: WriteHooks | None,
     ) -> None:
         assert config.memory_gb is not None
         self.config = config
         self.comm = comm
         self.node = node
-        self.algorithm = algorithm
+        # The fastest installed, whatever storage uses: a memory copy is only ever read back by this tier,
+        # which verifies it with the algorithm its description names.
+        self.algorithm = default_algorithm()
         self.emit = emit
         self.attempt = attempt
         self.hooks = hooks
         self.bound = int(config.memory_gb * GB)
+        self.placement = parse_placement(config.memory_placement or RING)
         self.node_dir = node_dir(Path(config.memory_root), run_id(directory), node)
         self._secret_dir = secret_dir
         self._signer: StoreSigner | None = None
@@ -102,13 +113,14 @@ class MemoryTier:
             self._holders = sorted({a.node: a for a in gathered}.values(), key=lambda a: a.node)
         return self._holders
 
-    def peer(self) -> Address | None:
-        """The next node in the ring of node ids; None with one node or replicas off."""
+    def peers(self) -> list[Address]:
+        """The holders that get a replica of this node's copies (``memory_placement``); none with one node
+        or replicas off."""
         nodes = self.holders()
-        if not self.config.memory_peer or len(nodes) < 2:
-            return None
-        index = next(i for i, a in enumerate(nodes) if a.node == self.node)
-        return nodes[(index + 1) % len(nodes)]
+        if not self.config.memory_peer:
+            return []
+        by_node = {a.node: a for a in nodes}
+        return [by_node[n] for n in replica_nodes(list(by_node), self.node, self.placement)]
 
     # --- save ------------------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> None:
@@ -148,11 +160,9 @@ class MemoryTier:
             raise
         meta = CopyMeta(step, rank, self.comm.world_size, self.algorithm, "", layout.size, layout.entries,
                         (layout.objects_offset, len(layout.objects_blob)))
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-memory")
         self.last_stall_seconds = time.perf_counter() - start
-        self._pending = self._executor.submit(self._finish, directory, slot, mapped, meta, start,
-                                              self.last_stall_seconds)
+        self._pending = self._pool().submit(self._finish, directory, slot, mapped, meta, start,
+                                            self.last_stall_seconds)
 
     def _finish(self, directory: Path, slot: int, mapped: mmap.mmap, meta: CopyMeta, start: float,
                 stall: float) -> None:
@@ -162,8 +172,7 @@ class MemoryTier:
                 with view[: meta.size] as data:
                     meta = dataclasses.replace(meta, checksum=digest(data, self.algorithm))
                 describe(directory, slot, meta)
-                peer = self.peer()
-                if peer is not None:
+                for peer in self.peers():
                     HolderClient(peer, self.signer, self.config.timeout_seconds).put(meta, view)
                     where += f"+peer:{peer.node}"
         except BaseException as exc:
@@ -200,77 +209,91 @@ class MemoryTier:
                 self._executor.shutdown(wait=True)
 
     # --- restore ---------------------------------------------------------------------------------
-    def restore(self, state: dict[str, Any], storage_step: int | None) -> MemoryRestore | None:
-        """Load the newest step every rank holds in memory (not older than ``storage_step``); None: use storage."""
-        start = time.perf_counter()
+    def restore(self, state: dict[str, Any], storage_newest: Callable[[], int | None]) -> MemoryRestore | None:
+        """Load the newest step every rank holds in memory and not older than storage's newest committed step
+        (``storage_newest``, asked on rank 0 only); None: use storage."""
+        clock = _Phases()
         comm, rank = self.comm, self.comm.rank
         try:
             self.drain()
         except CheckpointError as exc:  # a failed replica push does not stop a restore
             log.warning("%s", exc)
-        holders = self.holders()
+        by_node = {a.node: a for a in self.holders()}
         own = {c.meta.step: c for c in copies(rank_dir(self.node_dir, "own", rank))
                if c.meta.rank == rank and c.meta.world_size == comm.world_size}
-        assert self._own is not None
-        listing = _quietly(lambda: HolderClient(self._own, self.signer, 10.0).replicas(), {})  # type: ignore[arg-type]
-        where: dict[int, list[Address]] = {}
-        by_node = {a.node: a for a in holders}
-        for node, held in comm.all_gather((self.node, listing), comm.ctl_pg):
-            for step in held.get(rank, []):
-                where.setdefault(step, []).append(by_node[node])
-        mine = sorted(set(own) | set(where))
-        common = set.intersection(*(set(s) for s in comm.all_gather(mine, comm.ctl_pg)))
-        floor = -1 if storage_step is None else storage_step
-        payload = to_payload(state, rank)
-        flat, mapping = flatten_state_dict(payload)
-        for step in sorted((s for s in common if s >= floor), reverse=True):
-            staged, tier, keep = self._load(step, own.get(step), where.get(step, []), flat)
-            verdicts = comm.all_gather(tier, comm.ctl_pg)
-            if all(verdicts):
-                write_back(payload, flat, staged, mapping, state, rank)
+        # The newest own copy is checksummed in a thread while the ranks list and agree (network-bound).
+        early: OwnCopy | None = None
+        with contextlib.suppress(CheckpointError, OSError):  # a copy that cannot be mapped is rejected below
+            early = OwnCopy.start(own[max(own)], self._pool()) if own else None
+        try:
+            # The replicas this node's holder has, read from its directory (the same files its ``list``
+            # reads): no round trip to a process that may be waiting for a core.
+            listing = replica_steps(self.node_dir)
+            clock.mark("listing")
+            storage_step = storage_newest() if rank == 0 else None
+            gathered = comm.all_gather((self.node, listing, sorted(own), storage_step), comm.ctl_pg)
+            where, common = _agree([g[:3] for g in gathered], rank, by_node)
+            clock.mark("agree")
+            floor = -1 if gathered[0][3] is None else gathered[0][3]
+            payload = to_payload(state, rank)
+            flat, mapping = flatten_state_dict(payload)
+            for step in sorted((s for s in common if s >= floor), reverse=True):
+                staged, tier, keep = self._load(step, own.get(step), where.get(step, []), flat, early)
+                clock.mark("load")
+                verdicts = comm.all_gather(tier, comm.ctl_pg)
+                clock.mark("verdict")
+                if all(verdicts):
+                    write_back(payload, flat, staged, mapping, state, rank)
+                    clock.mark("copy")
+                    del staged
+                    for buffer in keep:
+                        close_quietly(buffer)
+                    nbytes = tensor_bytes(flat)
+                    self.emit(CheckpointLoaded(
+                        time=time.time(), host=self.node, attempt=self.attempt, rank=rank, step=step,
+                        seconds=clock.total(), path=f"memory:{tier}", bytes=nbytes,
+                        tier="memory" if tier == "own" else "peer",
+                    ))
+                    return MemoryRestore(step, tier, nbytes, clock.phases)
                 del staged
                 for buffer in keep:
-                    if isinstance(buffer, mmap.mmap):
-                        with contextlib.suppress(BufferError):  # views still alive: the collector closes it
-                            buffer.close()
-                nbytes = tensor_bytes(flat)
-                self.emit(CheckpointLoaded(
-                    time=time.time(), host=self.node, attempt=self.attempt, rank=rank, step=step,
-                    seconds=time.perf_counter() - start, path=f"memory:{tier}", bytes=nbytes,
-                    tier="memory" if tier == "own" else "peer",
-                ))
-                return MemoryRestore(step, tier, nbytes)
-            log.warning("memory checkpoint of step %d is not verified on every rank; trying older ones", step)
-        return None
+                    close_quietly(buffer)
+                log.warning("memory checkpoint of step %d is not verified on every rank; trying older ones", step)
+            return None
+        finally:
+            if early is not None:
+                early.discard()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-memory")
+        return self._executor
 
     def _load(
-        self, step: int, own: Any, replicas: list[Address], flat: dict[str, Any]
-    ) -> tuple[dict[str, Any], str, list[object]]:
+        self, step: int, own: Copy | None, replicas: list[Address], flat: dict[str, Any], early: OwnCopy | None
+    ) -> tuple[dict[str, Any], str, list[mmap.mmap]]:
         """(staged values, tier or "", buffers to close) for this rank's copy of ``step``: own, then peers."""
         rank = self.comm.rank
         if own is not None:
+            candidate = early if early is not None and early.copy == own else None
             try:
-                mapped = map_copy(own)
-                problem = verify(own.meta, memoryview(mapped))
-                if not problem:
-                    return unpack(own.meta, memoryview(mapped), flat), "own", [mapped]
-                mapped.close()
-            except CheckpointError as exc:
+                if candidate is None:
+                    candidate = OwnCopy.start(own, self._pool())
+                return candidate.load(flat), "own", [candidate.mapped]
+            except (CheckpointError, OSError) as exc:
                 problem = str(exc)
+                if candidate is not None and candidate is not early:
+                    candidate.discard()
             self._rejected(step, f"own/rank-{rank}/slot-{own.slot}", problem)
             with contextlib.suppress(OSError):
                 (own.data.parent / f"slot-{own.slot}.json").unlink()  # never offered again
         for address in replicas:
             try:
-                meta, data = HolderClient(address, self.signer, self.config.timeout_seconds).get(rank, step)
-                problem = verify(meta, memoryview(data))
-                if not problem and (meta.step, meta.rank, meta.world_size) != (step, rank, self.comm.world_size):
-                    problem = f"replica holds rank {meta.rank} step {meta.step} of {meta.world_size} ranks"
-                if not problem:
-                    return unpack(meta, memoryview(data), flat), f"peer:{address.node}", [data]
+                staged, data = fetch_replica(address, self.signer, self.config.timeout_seconds, step, rank,
+                                             self.comm.world_size, flat)
+                return staged, f"peer:{address.node}", [data]
             except (CheckpointError, OSError) as exc:
-                problem = str(exc)
-            self._rejected(step, f"peer:{address.node}/rank-{rank}", problem)
+                self._rejected(step, f"peer:{address.node}/rank-{rank}", str(exc))
         return {}, "", []
 
     def _rejected(self, step: int, where: str, reason: str) -> None:
@@ -279,12 +302,38 @@ class MemoryTier:
                                      path=f"memory:{where}", reason=reason))
 
 
-def _quietly(call: Callable[[], Any], default: Any) -> Any:
-    try:
-        return call()
-    except (CheckpointError, OSError) as exc:
-        log.warning("memory holder unreachable: %s", exc)
-        return default
+class _Phases:
+    """Seconds spent in each part of a restore (`MemoryRestore.phases`), for profiling."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def _agree(
+    gathered: list[tuple[str, dict[int, list[int]], list[int]]], rank: int, by_node: dict[str, Address]
+) -> tuple[dict[int, list[Address]], set[int]]:
+    """From every rank's (node, its holder's replica listing, own steps): where this rank's replicas of
+    each step are, and the steps every rank can get (own copy or a replica anywhere)."""
+    steps = [set(own) for _, _, own in gathered]
+    where: dict[int, list[Address]] = {}
+    listings = {node: listing for node, listing, _ in gathered}  # one per node: its ranks list the same holder
+    for node, listing in sorted(listings.items()):
+        for held_rank, held in listing.items():
+            if 0 <= held_rank < len(steps):
+                steps[held_rank].update(held)
+            if held_rank == rank and node in by_node:
+                for step in held:
+                    where.setdefault(step, []).append(by_node[node])
+    return where, set.intersection(*steps)
 
 
 def _hostname() -> str:

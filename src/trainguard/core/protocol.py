@@ -29,6 +29,9 @@ HEARTBEAT_VERSION = "v2"
 MEMORY_GB_ENV = "TRAINGUARD_MEMORY_CHECKPOINT_GB"
 """Set by ``trainguard run --memory-checkpoint-gb``: the memory tier (GiB per node) of every
 `trainguard.Checkpointer` whose config sets no ``memory_gb`` of its own."""
+MEMORY_PLACEMENT_ENV = "TRAINGUARD_MEMORY_CHECKPOINT_PLACEMENT"
+"""Set by ``trainguard run --memory-checkpoint-placement``: where the memory tier's replicas go (``ring``,
+``clique:K``) for every `trainguard.Checkpointer` whose config sets no ``memory_placement`` of its own."""
 
 SOURCES = ("none", "script", "optimizer")
 """Where a rank's step count comes from: nothing yet, ``trainguard.attach()`` steps, optimizer-step hooks."""

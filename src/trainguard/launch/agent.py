@@ -40,7 +40,7 @@ from trainguard.chaos import faults as chaos
 from trainguard.chaos import node_faults
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
-from trainguard.core.protocol import MEMORY_GB_ENV, Heartbeat, WorkerEnv, read_heartbeat
+from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV, Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.core.safefs import make_dirs
 from trainguard.launch import admission, attempts, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
@@ -253,6 +253,8 @@ class GuardAgent(ElasticAgentBase):
         env[sdc.ENV_CHECK_EVERY] = str(self.cfg.sdc_check_every)
         if self.cfg.memory_checkpoint_gb > 0:
             env[MEMORY_GB_ENV] = f"{self.cfg.memory_checkpoint_gb:g}"
+        if self.cfg.memory_checkpoint_placement != "ring":
+            env[MEMORY_PLACEMENT_ENV] = self.cfg.memory_checkpoint_placement
         env.update(self.lifetime.environ(self.attempt))
         if self.inprocess is not None:
             env.update(self.inprocess.environ())

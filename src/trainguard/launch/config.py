@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.memory_placement import parse_placement
 from trainguard.core.names import check_name
 from trainguard.core.numeric import in_range
 from trainguard.core.protocol import RunLayout
@@ -74,6 +75,11 @@ class SupervisorConfig:
         "trainguard.Checkpointer that sets no memory_gb of its own keeps its newest checkpoint in memory and on a "
         "peer node and restores from there first (0: off; docs/checkpoint.md)", metavar="GB"))
     """Memory tier of the checkpointers of the job's scripts (``TRAINGUARD_MEMORY_CHECKPOINT_GB``); 0: off."""
+    memory_checkpoint_placement: str = setting("ring", section="recovery", flag=Flag(
+        ("--memory-checkpoint-placement",), "where the memory tier's replicas go, for every trainguard.Checkpointer "
+        "that sets no memory_placement of its own: ring (the next node) or clique:K (every other node of its "
+        "clique of K consecutive node ids; docs/checkpoint.md)", metavar="{ring,clique:K}"))
+    """Replica placement of the memory tier (``TRAINGUARD_MEMORY_CHECKPOINT_PLACEMENT``): ``ring`` or ``clique:K``."""
     in_process: bool = setting(False, section="recovery", flag=Flag(
         ("--in-process",), "after a failure replace only the failed ranks; the others re-enter their "
         "trainguard.worker.inprocess.restartable function (one node; docs/run.md)"))
@@ -250,6 +256,10 @@ def _check_console(cfg: SupervisorConfig) -> None:
 
 
 def _check_optional(cfg: SupervisorConfig) -> None:
+    try:
+        parse_placement(cfg.memory_checkpoint_placement)
+    except ValueError as exc:
+        raise ValueError(f"memory_checkpoint_placement: {exc}") from None
     if cfg.straggler_policy is not None and cfg.straggler_policy not in STRAGGLER_POLICIES:
         raise ValueError(f"straggler_policy must be None or one of {', '.join(STRAGGLER_POLICIES)}, "
                          f"got {cfg.straggler_policy!r}")
