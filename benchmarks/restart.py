@@ -23,7 +23,7 @@ Sections, all in the same benchmark run, interleaved rep by rep:
 * ``inprocess``: `trainguard run --in-process --warm-spares 1` on the same model written as a restartable
   function (trainguard/examples/train_gpt_inprocess.py): rank 0 re-enters in its interpreter, a warm spare
   takes rank 1's place; goal <= 0.35 x torchrun's fault -> first new step;
-* ``inprocess_cold``: the same without a spare (rank 1's new process imports torch);
+* ``inprocess_cold``: the same with ``--warm-spares 0`` (rank 1's new process imports torch);
 * ``warm_restart``: a whole-process restart from warm spares (``--in-process --fresh-processes
   --warm-spares RANKS``: every rank gets a new process, none imports torch); goal <= 0.6 x torchrun's;
 * ``hang``: a hang of rank 1 (it stops before the step's collectives) under `trainguard run`: detection
@@ -129,7 +129,8 @@ def warm_restart_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float
 
 
 def inprocess_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process"], GPT_INPROCESS)
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process", "--warm-spares", "0"],
+                       GPT_INPROCESS)
 
 
 def hang_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
