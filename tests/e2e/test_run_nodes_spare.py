@@ -60,7 +60,8 @@ def _kill_rank(run_dir: Path, rank: int, agent_pids: dict[str, int]) -> None:
     beat = next((run_dir / "heartbeats").glob(f"*/attempt-0/rank-{rank}"))
     node = beat.parent.parent.name
     workers = [c for c in psutil.Process(agent_pids[node]).children(recursive=True)
-               if any(str(TRAIN_GPT) in part for part in c.cmdline())]
+               if any(str(TRAIN_GPT) in part for part in c.cmdline())
+               and "trainguard.worker.warm" not in c.cmdline()]  # a waiting warm spare names the script too
     env_rank = [w for w in workers if w.environ().get("RANK") == str(rank)]
     assert len(env_rank) == 1, workers
     os.kill(env_rank[0].pid, signal.SIGKILL)

@@ -64,7 +64,8 @@ def _kill_worker_of_rank(run_dir: Path, rank: int, procs: dict[str, subprocess.P
     beat = next((run_dir / "heartbeats").glob(f"*/attempt-0/rank-{rank}"))
     node = beat.parent.parent.name
     workers = [c for c in psutil.Process(procs[node].pid).children(recursive=True)
-               if any(str(TRAIN_GPT) in part for part in c.cmdline())]
+               if any(str(TRAIN_GPT) in part for part in c.cmdline())
+               and "trainguard.worker.warm" not in c.cmdline()]  # a waiting warm spare names the script too
     assert len(workers) == 1, workers
     os.kill(workers[0].pid, signal.SIGKILL)
     return node

@@ -122,7 +122,8 @@ def watched(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return WATCHED if env.get(FRAMEWORKS_ENV, "1").strip() == "0" else WATCHED + FRAMEWORK_MODULES
 
 
-def _run_autohooks(name: str, module: Any) -> None:
+def run_hooks(name: str, module: Any) -> None:
+    """What the finder calls after a watched module executed: a framework adapter or the automatic hooks."""
     if name in FRAMEWORK_MODULES:
         from trainguard.worker import frameworks
 
@@ -143,7 +144,7 @@ def install(environ: Mapping[str, str] | None = None,
     if environ is None:
         os.environ.setdefault(OWNER_ENV, str(os.getpid()))
         die_with_agent()
-    sys.meta_path.insert(0, PostImportFinder(watched(environ), hook or _run_autohooks))
+    sys.meta_path.insert(0, PostImportFinder(watched(environ), hook or run_hooks))
     return True
 
 

@@ -141,16 +141,20 @@ def _take_over(assignment: dict[str, Any]) -> None:
 
 
 def _install_hooks() -> None:
-    """trainguard's automatic hooks, when the agent wants them for this rank."""
-    if os.environ.get("TRAINGUARD_AUTO") == "1" and os.environ.get("TRAINGUARD_AGENT_PID"):
-        # The spare started with the hooks off (it had no rank yet); install them now, as the bootstrap
-        # would have when the script imported torch.
-        from trainguard.worker import autohooks
-        from trainguard.worker.bootstrap import OWNER_ENV
+    """trainguard's automatic hooks and framework adapters, when the agent wants them for this rank."""
+    from trainguard.worker import bootstrap
 
-        os.environ[OWNER_ENV] = str(os.getpid())
-        autohooks.on_import("torch.distributed", sys.modules["torch.distributed"])
-        autohooks.on_import("torch.optim", sys.modules["torch.optim"])
+    if not bootstrap.enabled():
+        return
+    # The spare started with the hooks off (it had no rank yet): install the finder for what the script
+    # imports from now on, and run the hooks of the watched modules the spare already loaded (torch's, and
+    # a framework's trainer when the script imports it at its top level), as their import would have.
+    os.environ[bootstrap.OWNER_ENV] = str(os.getpid())
+    bootstrap.install()
+    for name in bootstrap.watched():
+        module = sys.modules.get(name)
+        if module is not None:
+            bootstrap.run_hooks(name, module)
 
 
 def main(argv: list[str]) -> int:
