@@ -30,6 +30,7 @@ from torch.futures import Future
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.hashedfile import HashedFile, ItemStream, SeekableReader
 from trainguard.checkpoint.manifest import DCP_METADATA, MAX_MANIFEST_BYTES, FileEntry, Manifest
+from trainguard.checkpoint.overlap import read_ahead
 from trainguard.checkpoint.safefs import open_checkpoint_dir, open_regular
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class VerifyingReader(FileSystemReader):
                 with open_regular(dir_fd, name, f"file {name}") as (fd, size):
                     if size != entry.size:
                         raise CheckpointError(f"file {name} has {size} bytes, manifest says {entry.size}")
+                    read_ahead(fd)  # the disk reads ahead while this rank parses, hashes, allocates
                     self._read_file(HashedFile(fd, name, entry, self.manifest.checksum_algorithm), items, planner)
                 self.bytes_read += entry.size
         done: Future[None] = Future()
