@@ -14,6 +14,7 @@ from trainguard.checkpoint.checksum import file_checksum, new_hasher
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.hashedfile import HashedFile
 from trainguard.checkpoint.manifest import FileEntry
+from trainguard.checkpoint.reader import VerifyingReader
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"), pytest.mark.timeout(120)]
 
@@ -114,3 +115,27 @@ def test_damage_inside_a_large_tensor_is_caught_before_the_state_changes(tmp_pat
     with Checkpointer(tmp_path / "ckpt") as ckpt:
         assert ckpt.restore(state) == 1  # step 2 rejected, step 1 loaded whole
     assert all(torch.equal(state[k], v) for k, v in _state(1).items())
+
+
+def test_whole_tensors_are_read_straight_into_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False)) as ckpt:
+        ckpt.save(1, _state(1))
+
+    def no_full_load(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a whole tensor went through torch.load's own buffer")
+
+    monkeypatch.setattr(VerifyingReader, "_load_tensor", no_full_load)
+    state = _empty()
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.restore(state) == 1
+    assert all(torch.equal(state[k], v) for k, v in _state(1).items())
+
+
+def test_a_target_of_another_layout_is_loaded_through_torch_load(tmp_path: Path) -> None:
+    saved = {"t": torch.rand(64, 32, generator=torch.Generator().manual_seed(3)).t()}  # non-contiguous
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(async_save=False)) as ckpt:
+        ckpt.save(1, saved)
+    state = {"t": torch.zeros(64, 32).t()}
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.restore(state) == 1
+    assert torch.equal(state["t"], saved["t"])

@@ -89,6 +89,11 @@ class SeekableReader(io.RawIOBase):
         self._size = size
         self._pos = 0
 
+    @property
+    def size(self) -> int:
+        """Bytes in this file."""
+        return self._size
+
     def readable(self) -> bool:
         return True
 
