@@ -6,7 +6,7 @@ the zip's small records near the end and the start of the item, then the tensor'
 ``readinto`` of its own storage. Small reads ahead of the checksum are read from the file and kept;
 the large read is read directly into ``torch.load``'s buffer once everything before it was hashed
 (from what was kept, or read then). So every byte is read from the file once and what ``torch.load``
-used is exactly what was hashed. Large reads are hashed beside the read (`trainguard.checkpoint.overlap`).
+used is exactly what was hashed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 from trainguard.checkpoint.checksum import READ_CHUNK, Hasher, new_hasher
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.manifest import FileEntry
-from trainguard.checkpoint.overlap import read_hashed
 
 SMALL_READ = 1 << 20
 """Reads below this size are kept in memory (``torch.load`` reads zip headers more than once)."""
@@ -50,11 +49,13 @@ class HashedFile:
             got += n
 
     def read_into(self, view: memoryview) -> None:
-        """Fill ``view`` with the next bytes to hash, and hash them (a large view chunk by chunk, each
-        chunk hashed in the helper thread while the next is read)."""
-        at = self.pos
-        read_hashed(self.hasher, view, lambda chunk, start: self.pread(chunk, at + start))
-        self.pos += view.nbytes
+        """Fill ``view`` with the next bytes to hash, and hash them.
+
+        Inline, not beside the read on a helper thread: on the 2-core benchmark machine the thread and
+        the kernel's read-ahead measured slower (docs/checkpoint.md, "Performance").
+        """
+        self.pread(view, self.pos)
+        self.hash_bytes(view)
 
     def hash_bytes(self, data: memoryview) -> None:
         """Hash the next ``len(data)`` bytes of the file, already read (by `ItemStream`) into ``data``."""

@@ -1,15 +1,15 @@
-"""Checksums computed beside the I/O: chunk ``i`` is hashed in a helper thread while chunk ``i + 1`` is read or written.
+"""Checksums computed beside the writes: chunk ``i`` is hashed in a helper thread while chunk ``i + 1`` is written.
 
 xxhash and zlib release the GIL on large buffers, so the hash of a chunk costs no time of the thread
-doing the I/O. Chunks are hashed strictly in the order given (one helper thread). A caller hands over
-memory it does not own beyond its own call (``torch.save``'s and ``torch.load``'s buffers), so every
-function here returns only once each chunk it passed has been hashed. Writes also start the kernel's
-write-back of every chunk at once (``sync_file_range``), so the final fsync has little left to wait for.
+doing the I/O. Chunks are hashed strictly in the order given (one helper thread). The caller hands over
+memory it does not own beyond its own call (``torch.save``'s buffers), so a write returns only once
+each chunk it passed has been hashed. Writes also start the kernel's write-back of every chunk at once
+(``sync_file_range``), so the final fsync has little left to wait for. (Reads hash inline: beside the
+read, and with ``posix_fadvise(WILLNEED)``, restores measured slower on the 2-core benchmark machine.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -59,15 +59,6 @@ def _hash_chunks(hasher: Hasher, view: memoryview, step: Callable[[memoryview, i
             pending.result()  # never return while the helper still reads the caller's memory
 
 
-def read_hashed(hasher: Hasher, view: memoryview, read: Callable[[memoryview, int], None]) -> None:
-    """Fill ``view`` by ``read(chunk, offset_in_view)`` chunk by chunk and hash it, overlapped (see module doc)."""
-    if view.nbytes < OVERLAP_MIN:
-        read(view, 0)
-        hasher.update(view)
-        return
-    _hash_chunks(hasher, view, read)
-
-
 def write_hashed(hasher: Hasher, fd: int, view: memoryview, file_offset: int, name: str) -> None:
     """Write all of ``view`` to ``fd`` (at its current position, ``file_offset`` bytes into file ``name``), hash it."""
 
@@ -115,9 +106,3 @@ def _lookup_sync_file_range() -> Callable[[int, int, int, int], int] | None:
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn
-
-
-def read_ahead(fd: int) -> None:
-    """Let the kernel read the whole file in the background while its start is parsed and hashed."""
-    with contextlib.suppress(OSError, AttributeError):  # only a hint (not every file system or platform has it)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)

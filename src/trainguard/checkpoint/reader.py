@@ -30,7 +30,6 @@ from torch.futures import Future
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.hashedfile import HashedFile, ItemStream, SeekableReader
 from trainguard.checkpoint.manifest import DCP_METADATA, MAX_MANIFEST_BYTES, FileEntry, Manifest
-from trainguard.checkpoint.overlap import read_ahead
 from trainguard.checkpoint.safefs import open_checkpoint_dir, open_regular
 from trainguard.torch_api.serialization import saved_tensor_layout
 
@@ -133,7 +132,6 @@ class VerifyingReader(FileSystemReader):
                 with open_regular(dir_fd, name, f"file {name}") as (fd, size):
                     if size != entry.size:
                         raise CheckpointError(f"file {name} has {size} bytes, manifest says {entry.size}")
-                    read_ahead(fd)  # the disk reads ahead while this rank parses, hashes, allocates
                     self._read_file(HashedFile(fd, name, entry, self.manifest.checksum_algorithm), items, planner)
                 self.bytes_read += entry.size
         done: Future[None] = Future()
