@@ -151,16 +151,25 @@ def _load_jobs(b: Bench, runs: dict[str, list[float]], ckpt: Any, last: Path) ->
         verify_files(last, manifest, sorted(manifest.files)[b.rank :: b.world])
         dcp.load(plain, checkpoint_id=last)
 
-    def restore() -> None:
-        restored = ckpt.restore(target)
-        if restored is None or not all(torch.equal(target["rank_local"][k], v) for k, v in b.shards.items()):
-            raise SystemExit("restore returned other data")
+    def check(loaded: dict[str, Any], what: str) -> None:
+        """Outside the timed part (for every method alike): the loaded tensors are the saved ones."""
+        if not all(torch.equal(loaded[k], v) for k, v in b.shards.items()):
+            raise SystemExit(f"{what} returned other data")
 
+    def restore() -> None:
+        if ckpt.restore(target) is None:
+            raise SystemExit("restore found no checkpoint")
+
+    def timed_load(name: str, fn: Callable[[], Any], loaded: dict[str, Any]) -> None:
+        runs[name].append(b.timed(fn, evict=True))
+        check(loaded, name)
+
+    own = plain["__rank_local__"][str(b.rank)]
     return [
         lambda: runs["raw_read"].append(b.timed(b.raw_read, evict=True)),
-        lambda: runs["dcp_load"].append(b.timed(lambda: dcp.load(plain, checkpoint_id=last), evict=True)),
-        lambda: runs["verify_then_load"].append(b.timed(verify_then_load, evict=True)),
-        lambda: runs["restore"].append(b.timed(restore, evict=True)),
+        lambda: timed_load("dcp_load", lambda: dcp.load(plain, checkpoint_id=last), own),
+        lambda: timed_load("verify_then_load", verify_then_load, own),
+        lambda: timed_load("restore", restore, target["rank_local"]),
     ]
 
 

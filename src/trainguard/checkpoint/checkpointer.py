@@ -39,6 +39,7 @@ from trainguard.checkpoint.memory_tier import MemoryRestore, MemoryTier
 from trainguard.checkpoint.restore import Restorer, to_payload
 from trainguard.checkpoint.safefs import make_dirs
 from trainguard.checkpoint.saving import Committer, SaveJob
+from trainguard.checkpoint.staging import StagingArena
 from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHooks
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
@@ -108,6 +109,8 @@ class Checkpointer:
         self._host = os.environ.get("TRAINGUARD_NODE") or socket.gethostname()  # the agent's node id
         self._comm = Collectives(process_group, config.timeout_seconds)
         self._stager = CachingStager()
+        self._arena = StagingArena()
+        """Host memory restores load into before they are verified, kept for the next restore."""
         self._executor: ThreadPoolExecutor | None = None
         self._pending: _Pending | None = None
         self._error: str | None = None
@@ -351,6 +354,7 @@ class Checkpointer:
             if self.memory is not None:
                 self.memory.close()
             self._stager.close()
+            self._arena.release()
             if self._lock is not None:
                 self._lock.release()
 
@@ -387,7 +391,7 @@ class Checkpointer:
                 if self.last_restore is not None:
                     self._last_save_step, self._last_save_time = self.last_restore.step, time.monotonic()
                     return self.last_restore.step
-            restorer = Restorer(self.directory, self._comm, self._emit, self._host, self.attempt)
+            restorer = Restorer(self.directory, self._comm, self._emit, self._host, self.attempt, self._arena)
             with _quiet_single_process(self._comm.distributed):
                 restored = restorer.restore(state)
         if restored is None:

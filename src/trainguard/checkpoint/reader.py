@@ -31,6 +31,7 @@ from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.hashedfile import HashedFile, ItemStream, SeekableReader
 from trainguard.checkpoint.manifest import DCP_METADATA, MAX_MANIFEST_BYTES, FileEntry, Manifest
 from trainguard.checkpoint.safefs import open_checkpoint_dir, open_regular
+from trainguard.torch_api.serialization import saved_tensor_layout
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,21 @@ def _narrow(tensor: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]
     return tensor
 
 
-def _covers(item: ReadItem, tensor: torch.Tensor, target: torch.Tensor) -> bool:
-    """Whether ``tensor`` is all of ``target`` (not a chunk of a resharded tensor), same shape and dtype."""
+def _whole_cpu_target(item: ReadItem, target: torch.Tensor) -> bool:
+    """Whether ``item`` is all of ``target``, a plain contiguous host tensor (its memory can take the bytes)."""
     return (
-        not any(item.dest_offsets)
-        and tensor.size() == target.size()
-        and tensor.dtype == target.dtype
-        and type(target) is torch.Tensor
+        type(target) is torch.Tensor
+        and target.device.type == "cpu"
+        and target.is_contiguous()
+        and target.numel() > 0
+        and not any(item.dest_offsets)
+        and not any(item.storage_offsets)
+        and list(item.lengths) == list(target.size())
     )
+
+
+def _same_layout(saved: torch.Tensor, target: torch.Tensor) -> bool:
+    return saved.size() == target.size() and saved.dtype == target.dtype and saved.is_contiguous()
 
 
 class _ViewFile(SeekableReader):
@@ -85,15 +93,10 @@ class _MetadataFS(FileSystem):
 class VerifyingReader(FileSystemReader):
     """FileSystemReader of one committed checkpoint that checks every file it reads against ``manifest``."""
 
-    def __init__(
-        self, path: str | os.PathLike[str], manifest: Manifest, *, whole: dict[str, torch.Tensor] | None = None
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], manifest: Manifest) -> None:
         super().__init__(path)
         self.fs = _MetadataFS(self)
         self.manifest = manifest
-        self.whole = whole
-        """If given, a tensor read whole is put here by name instead of copied into DCP's target (one copy
-        fewer; the caller copies it into place once verified). Meant for DCP's default load planner."""
         self.bytes_read = 0
         """Bytes this reader read from the checkpoint (each once)."""
         self._buffer: torch.Tensor | None = None
@@ -149,10 +152,10 @@ class VerifyingReader(FileSystemReader):
             reader.skip_to(offset)
             if len(same) == 1 and self._streamable(same[0]):
                 # The common case: one tensor, no transform. Its data goes straight from the file into
-                # torch.load's buffer, hashed on the way.
+                # DCP's target (or torch.load's buffer), hashed on the way.
                 stream = ItemStream(reader, offset, length)
                 if failure is None:
-                    failure = self._try_load(same[0], stream, planner)
+                    failure = self._try_load(same[0], stream, planner, direct=True)
                 stream.close_item()
                 continue
             view = self._scratch(length)
@@ -168,17 +171,46 @@ class VerifyingReader(FileSystemReader):
         for item, data in deferred:
             planner.load_bytes(item, self._transformed(item, data))
 
-    def _try_load(self, item: ReadItem, raw: io.IOBase, planner: LoadPlanner) -> BaseException | None:
-        """`_load_tensor`, its exception returned instead of raised.
+    def _try_load(
+        self, item: ReadItem, raw: io.IOBase, planner: LoadPlanner, *, direct: bool = False
+    ) -> BaseException | None:
+        """`_load_tensor` (after `_read_direct`, if ``direct``), its exception returned instead of raised.
 
         A damaged tensor may fail to parse before the checksum says why: the caller keeps reading, so
         that the checksum mismatch is the error reported.
         """
         try:
-            self._load_tensor(item, raw, planner)
+            target = planner.resolve_tensor(item).detach()
+            if not (direct and isinstance(raw, ItemStream) and self._read_direct(item, raw, target)):
+                self._load_tensor(item, raw, target)
+            planner.commit_tensor(item, target)
         except Exception as exc:
             return exc
         return None
+
+    @staticmethod
+    def _read_direct(item: ReadItem, stream: ItemStream, target: torch.Tensor) -> bool:
+        """Read the saved tensor's bytes straight into ``target`` when they are all of it; False (nothing
+        read into ``target``, ``stream`` rewound) when it needs ``torch.load``: a chunk, another layout."""
+        if not _whole_cpu_target(item, target):
+            return False
+        try:
+            layout = saved_tensor_layout(stream)  # reads the item's small records only
+        except Exception:  # any surprise: the full torch.load below decides (and reports damage)
+            layout = None
+        nbytes = target.numel() * target.element_size()
+        if layout is None or not _same_layout(layout[0], target) or layout[1] + nbytes > stream.size:
+            stream.seek(0)
+            return False
+        stream.seek(layout[1])
+        view = memoryview(target.view(-1).view(torch.uint8).numpy())
+        got = 0
+        while got < nbytes:
+            n = stream.readinto(view[got:])
+            if not n:
+                raise CheckpointError(f"{item.storage_index.fqn}: saved data ends early (corrupt metadata)")
+            got += n
+        return True
 
     def _streamable(self, item: ReadItem) -> bool:
         return item.type != LoadItemType.BYTE_IO and not self.storage_data[item.storage_index].transform_descriptors
@@ -197,15 +229,10 @@ class VerifyingReader(FileSystemReader):
             return raw
         return io.BytesIO(stream.read(-1))  # an extension (compression) streams: torch.load needs seeks
 
-    def _load_tensor(self, item: ReadItem, raw: io.IOBase, planner: LoadPlanner) -> None:
+    def _load_tensor(self, item: ReadItem, raw: io.IOBase, target: torch.Tensor) -> None:
         tensor: Any = torch.load(self._transformed(item, raw), map_location="cpu", weights_only=True)
         tensor = _narrow(tensor, item.storage_offsets, item.lengths)
-        target = planner.resolve_tensor(item).detach()
-        if self.whole is not None and _covers(item, tensor, target):
-            self.whole[item.dest_index.fqn] = tensor
-            return
         if target.size() != tensor.size():
             saved, wanted = list(tensor.size()), list(target.size())
             raise CheckpointError(f"{item.storage_index.fqn}: saved {saved}, target {wanted}")
         target.copy_(tensor)
-        planner.commit_tensor(item, target)

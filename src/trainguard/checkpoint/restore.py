@@ -1,7 +1,8 @@
 """Restore: pick the newest checkpoint every rank can use, load it in one verified read, fall back on damage.
 
 Each candidate (newest first) is checked cheaply on every rank (manifest, structure, file sizes), then
-loaded by DCP through `VerifyingReader` into staging buffers while every byte is hashed. The caller's
+loaded by DCP through `VerifyingReader` into staging buffers (`trainguard.checkpoint.staging`) while
+every byte is hashed. The caller's
 state changes only after every rank agreed that every file verified; a damaged checkpoint is
 reported, moved aside, and the next older one is tried, so no byte of a rejected checkpoint reaches
 the model.
@@ -35,6 +36,7 @@ from trainguard.checkpoint.manifest import (
 )
 from trainguard.checkpoint.reader import VerifyingReader
 from trainguard.checkpoint.saving import describe_error
+from trainguard.checkpoint.staging import StagingArena
 from trainguard.checkpoint.structure import RANK_LOCAL_KEY, RANK_LOCAL_STORED, assign, describe, tensor_bytes
 from trainguard.core.events import CheckpointLoaded, CheckpointRejected, Event
 from trainguard.torch_api.dcp import flatten_state_dict
@@ -87,9 +89,17 @@ class Restorer:
     """Runs one restore for a checkpointer (see module doc); every rank calls `restore` together."""
 
     def __init__(
-        self, directory: Path, comm: Collectives, emit: Callable[[Event], None], host: str, attempt: int
+        self,
+        directory: Path,
+        comm: Collectives,
+        emit: Callable[[Event], None],
+        host: str,
+        attempt: int,
+        arena: StagingArena | None = None,
     ) -> None:
         self.directory = directory
+        self.arena = arena if arena is not None else StagingArena()
+        """Host memory the load goes to before it is verified (the checkpointer's, kept between restores)."""
         self.comm = comm
         self.emit = emit
         self.host = host
@@ -169,32 +179,16 @@ class Restorer:
         verify_files(path, manifest, sorted(manifest.files)[self.comm.rank :: world], checksums=False)
         return manifest, "", ""
 
-    @staticmethod
-    def _staging(flat: dict[str, Any]) -> dict[str, Any]:
-        """What DCP loads into: host tensors shaped like the state's (their pages are only touched when a
-        chunk of a resharded tensor is copied in; a tensor read whole replaces its entry instead)."""
-        staged: dict[str, Any] = {}
-        for fqn, value in flat.items():
-            if type(value) is torch.Tensor:
-                staged[fqn] = torch.empty(value.shape, dtype=value.dtype, device="cpu")
-            elif isinstance(value, torch.Tensor):  # a subclass (DTensor) keeps its own placement
-                staged[fqn] = torch.empty_like(value)
-            else:
-                staged[fqn] = value
-        return staged
-
     def _load(self, path: Path, manifest: Manifest, flat: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
         """(staged state, error or "", bytes read): one DCP load through the verifying reader."""
-        staged = self._staging(flat)
-        whole: dict[str, torch.Tensor] = {}
-        reader = VerifyingReader(path, manifest, whole=whole)
+        staged = self.arena.state(flat)
+        reader = VerifyingReader(path, manifest)
         try:
             dcp.load(staged, storage_reader=reader, process_group=self.comm.ctl_pg, no_dist=not self.comm.distributed)
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             return staged, f"load failed: {describe_error(exc)}", reader.bytes_read
-        staged.update(whole)
         return staged, "", reader.bytes_read
 
     def _write_back(

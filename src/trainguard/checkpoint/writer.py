@@ -1,7 +1,8 @@
 """DCP storage writer that checksums every file while writing it, plus the staging copy.
 
 `ChecksumWriter` is a `torch.distributed.checkpoint.FileSystemWriter` whose streams compute the
-checksum (xxh3_64 or crc32) and the size of each file as the bytes pass (no second read). `WriteHooks` is the test
+checksum (xxh3_64 or crc32) and the size of each file as the bytes pass (no second read), the hash
+beside the write (`trainguard.checkpoint.overlap`). `WriteHooks` is the test
 seam (`DiskQuota` makes the writes fail with a real ``ENOSPC`` ``OSError`` once a byte budget is spent).
 `CachingStager` copies the state into CPU buffers reused from save to save, so the blocking part of
 an async save is one memory copy.
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from trainguard.checkpoint.checksum import new_hasher
+from trainguard.checkpoint.overlap import write_hashed
 from trainguard.checkpoint.safefs import FILE_MODE, make_dirs
 
 
@@ -86,15 +88,10 @@ class _ChecksumStream(io.RawIOBase):
         if allowed < view.nbytes:
             self._fh.write(view[:allowed])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
-        written = 0
-        while written < view.nbytes:
-            n = self._fh.write(view[written:])
-            if not n:
-                raise OSError(errno.ENOSPC, "short write", str(self._path))
-            written += n
-        self._hasher.update(view)
-        self._size += written
-        return written
+        # Hashed in a helper thread one chunk behind the writes; write-back starts chunk by chunk.
+        write_hashed(self._hasher, self._fh.fileno(), view, self._size, str(self._path))
+        self._size += view.nbytes
+        return view.nbytes
 
     def tell(self) -> int:
         return self._size
