@@ -49,3 +49,23 @@ def test_a_spare_takes_a_rank_and_runs_the_script_in_its_interpreter(tmp_path: P
     assert waiting.poll() is None
     spares.close()
     assert waiting.poll() is not None and spares.spares == []
+
+
+def test_an_automatic_pool_loads_one_spare_at_a_time_and_names_its_node(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    logs = tmp_path / "spares"
+    pools = [WarmSpares(2, ("-u", str(script)), logs, grace_seconds=1.0, eager=False, name=f"spare-{node}")
+             for node in ("n0", "n1")]  # two nodes of one job writing into one run folder
+    try:
+        pools[0].fill()
+        pools[0].fill()  # the first is still importing torch: no second one yet
+        assert pools[0].alive() == 1 and [p.name for p in logs.iterdir()] == ["spare-n0-0.log"]
+        _wait_ready(logs / "spare-n0-0.log")
+        pools[0].fill()
+        assert pools[0].alive() == 2
+        pools[1].fill()
+        assert sorted(p.name for p in logs.iterdir()) == ["spare-n0-0.log", "spare-n0-1.log", "spare-n1-0.log"]
+    finally:
+        for pool in pools:
+            pool.close()

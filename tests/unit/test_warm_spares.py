@@ -31,11 +31,11 @@ def test_memavailable_is_read_from_proc() -> None:
 
 def test_build_sizes_the_pool_or_turns_it_off(tmp_path: Path) -> None:
     args = ("-u", "train.py")
-    assert WarmSpares.build(0, 8, True, args, tmp_path, 1.0) is None  # --warm-spares 0: off
-    assert WarmSpares.build(3, 8, False, args, tmp_path, 1.0) is None  # --no-python: nothing to load ahead
-    asked = WarmSpares.build(3, 8, True, args, tmp_path, 1.0)
+    assert WarmSpares.build(0, 8, True, args, tmp_path, 1.0, "n0") is None  # --warm-spares 0: off
+    assert WarmSpares.build(3, 8, False, args, tmp_path, 1.0, "n0") is None  # --no-python: nothing to load ahead
+    asked = WarmSpares.build(3, 8, True, args, tmp_path, 1.0, "n0")
     assert asked is not None and asked.count == 3 and asked.eager  # a count asked for fills at once
-    auto = WarmSpares.build(AUTO, 1, True, args, tmp_path, 1.0)
+    auto = WarmSpares.build(AUTO, 1, True, args, tmp_path, 1.0, "n0")
     if auto_count(1, mem_available_bytes()):
         assert auto is not None and auto.count == 1 and not auto.eager  # filled once the attempt trains
     else:

@@ -146,7 +146,7 @@ class GuardAgent(ElasticAgentBase):
         """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
         _preload_failure_path()
         self.spares = WarmSpares.build(cfg.warm_spares, cfg.nproc_per_node, not cfg.no_python, worker_args,
-                                       cfg.layout.logs_base / "spares", cfg.stop_grace_seconds)
+                                       cfg.layout.logs_base / "spares", cfg.stop_grace_seconds, cfg.node_id)
         """Interpreters with torch and the script's imports loaded, ready to take restarted ranks
         (`trainguard.launch.warm`); None: off."""
         self.inprocess = InProcessRestarts.build(cfg, self.spares)

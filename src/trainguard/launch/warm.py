@@ -61,7 +61,7 @@ class WarmSpares:
     """A pool of ``count`` waiting spare processes for one agent."""
 
     def __init__(self, count: int, args: tuple[str, ...], log_dir: Path, grace_seconds: float,
-                 eager: bool = True) -> None:
+                 eager: bool = True, name: str = "spare") -> None:
         self.count = count
         self.args = args
         """The worker's arguments after the interpreter (``-u script.py ...`` or ``-u -m module ...``)."""
@@ -69,12 +69,15 @@ class WarmSpares:
         self.grace_seconds = grace_seconds
         self.eager = eager
         """Fill as soon as an attempt runs (a count the user asked for), not after `FILL_AFTER_SECONDS`."""
+        self.name = name
+        """Prefix of the spares' log files: ``spare-<node>`` (nodes of one job may share the run folder)."""
         self.spares: list[subprocess.Popen[bytes]] = []
+        self._logs: dict[int, Path] = {}
         self._started = 0
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
-              grace_seconds: float) -> WarmSpares | None:
+              grace_seconds: float, node: str) -> WarmSpares | None:
         """The pool ``requested`` asks for (`AUTO`: sized by `auto_count`); None when it would be empty or the
         workers are not Python (``--no-python``: nothing to load ahead)."""
         if not python_worker:
@@ -82,7 +85,7 @@ class WarmSpares:
         count = auto_count(local_ranks, mem_available_bytes()) if requested == AUTO else requested
         if count <= 0:
             return None
-        return cls(count, args, log_dir, grace_seconds, eager=requested != AUTO)
+        return cls(count, args, log_dir, grace_seconds, eager=requested != AUTO, name=f"spare-{node}")
 
     def _command(self) -> list[str]:
         rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
@@ -94,18 +97,35 @@ class WarmSpares:
         self.spares = [p for p in self.spares if p.poll() is None]
         return len(self.spares)
 
+    def _loading(self) -> bool:
+        """Whether a spare is still importing (its log has no ``waiting`` line yet)."""
+        for proc in self.spares:
+            try:
+                if b"waiting" not in self._logs[proc.pid].read_bytes()[-4096:]:
+                    return True
+            except (OSError, KeyError):
+                return True
+        return False
+
     def fill(self) -> None:
-        """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank)."""
+        """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank).
+
+        An eager pool starts them all at once; an automatic one starts the next only once the previous
+        waits, so the node's CPUs see one import of torch at a time beside the training."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while self.alive() < self.count:
+            if not self.eager and self._loading():
+                return
             # Untagged: a spare outlives the attempt it was started in, so the end-of-attempt sweep must not
             # take it for a worker's leftover (`trainguard.launch.lifetime`). It is tagged when it takes a rank.
             env = {**untagged_environ(), "TRAINGUARD_AUTO": "0"}
-            with open(self.log_dir / f"spare-{self._started}.log", "ab") as out:
+            path = self.log_dir / f"{self.name}-{self._started}.log"
+            with open(path, "ab") as out:
                 proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)
             self._started += 1
             self.spares.append(proc)
+            self._logs[proc.pid] = path
             log.info("warm spare started: pid %d", proc.pid)
 
     def take(self, env: dict[str, str], stdout: str | None, stderr: str | None) -> subprocess.Popen[bytes] | None:
