@@ -115,8 +115,8 @@ def make_agent(tmp_path: Path) -> Iterator[Any]:
                 p.kill()
             p.wait()
         agent.beat.stop("failed")
-        if agent.inprocess is not None:
-            agent.inprocess.close()
+        if agent.spares is not None:
+            agent.spares.close()
         agent.events.close()
 
 
