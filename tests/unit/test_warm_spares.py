@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainguard.launch.warm import AUTO, SPARE_BUDGET_BYTES, WarmSpares, auto_count, mem_available_bytes
+from trainguard.health.host import available_memory_bytes as mem_available_bytes
+from trainguard.launch.warm import AUTO, SPARE_BUDGET_BYTES, WarmSpares, auto_count
 from trainguard.torch_api.elastic import can_adopt
 from trainguard.worker.warm import preload_watched
 

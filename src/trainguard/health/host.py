@@ -92,7 +92,8 @@ def check_checkpoint_dir(config: HealthConfig) -> list[CheckResult]:
     return _dir_checks("checkpoint_dir", config.checkpoint_dir, config)
 
 
-def _available_memory() -> int | None:
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None when it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -110,7 +111,7 @@ def _available_memory() -> int | None:
 
 def check_memory(config: HealthConfig) -> list[CheckResult]:
     """Enough host memory is available (low: a node short of memory is degraded, not broken)."""
-    avail = _available_memory()
+    avail = available_memory_bytes()
     if avail is None:
         return [skipped("memory", LOW, "available memory not measurable here")]
     gib = avail / 2**30

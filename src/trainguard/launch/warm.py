@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainguard.health.host import available_memory_bytes
 from trainguard.launch.lifetime import untagged_environ
 from trainguard.launch.stop import stop_processes
 
@@ -34,18 +35,6 @@ FILL_AFTER_SECONDS = 5.0
 """An automatically sized pool is filled once the attempt has completed a step and run this long: spares
 importing torch while the workers start would slow that start on every job, and a job failing in its first
 seconds is usually failing on its own code (a restart cannot help it)."""
-
-
-def mem_available_bytes() -> int | None:
-    """``MemAvailable`` of /proc/meminfo in bytes (None when it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def auto_count(local_ranks: int, available_bytes: int | None) -> int:
@@ -82,7 +71,7 @@ class WarmSpares:
         workers are not Python (``--no-python``: nothing to load ahead)."""
         if not python_worker:
             return None
-        count = auto_count(local_ranks, mem_available_bytes()) if requested == AUTO else requested
+        count = auto_count(local_ranks, available_memory_bytes()) if requested == AUTO else requested
         if count <= 0:
             return None
         return cls(count, args, log_dir, grace_seconds, eager=requested != AUTO, name=f"spare-{node}")
