@@ -242,3 +242,26 @@ def test_user_xid_pattern_for_another_format(tmp_path: Path) -> None:
     f.write_text("[settings]\nxid_pattern = 'XID_ERRORS\\{gpu=\"(?P<gpu>\\d+)\"\\} (?P<code>\\d+)'\n")
     c = classify_text('DCGM_FI_DEV_XID_ERRORS{gpu="3"} 79', "metrics.txt", rules=load_rules(f))
     assert c.category == "Faulty GPU" and c.gpu == "3"
+
+
+# Lines from a rank of `trainguard demo` installed with torch's CPU wheel and no numpy (torch 2.13.0).
+NO_NUMPY_WARNING = ("/v/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed "
+                    "to initialize NumPy: No module named 'numpy' (Triggered internally at "
+                    "/__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)")
+NO_NUMPY_CRASH = ("[rank1]:     buf = tensor.numpy().tobytes()[:tensor_size]\n"
+                  "[rank1]: RuntimeError: Numpy is not available")
+
+
+def test_a_missing_module_is_a_dependency_named_in_the_reason() -> None:
+    c = classify_text("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+                      "    import lightning\nModuleNotFoundError: No module named 'lightning.fabric'", "r.log")
+    assert (c.category, c.group) == ("Dependency", "Dependency")
+    assert c.explanation == "a Python package is missing: lightning.fabric"
+    numpy = classify_text(f"{NO_NUMPY_WARNING}\n{NO_NUMPY_CRASH}", "rank-1.log")
+    assert numpy.category == "Dependency" and "numpy" in numpy.explanation
+    assert numpy.evidence[0].rule == "torch-numpy-missing"
+
+
+def test_torchs_numpy_warning_alone_is_no_failure() -> None:
+    c = classify_text(f"{NO_NUMPY_WARNING}\n{TRACEBACK}", "rank-0.log")
+    assert c.category == "Software Bug"

@@ -52,3 +52,11 @@ def test_in_process_restarts_are_named_as_such(tmp_path: Path) -> None:
                                                  seconds=30.0, detail="group incomplete after 30 s"))
     assert gave_up == ("in-process restart of attempt 1 gave up after 30.00s: group incomplete after 30 s; "
                        "restarting every worker")
+
+
+def test_a_known_category_says_its_cause_in_one_clause(tmp_path: Path) -> None:
+    line = _console(tmp_path).describe(Diagnosis(time=1.0, host="n0", attempt=0, category="Dependency",
+                                                 group="Dependency", verdict="crash", culprit_ranks=(1,),
+                                                 confidence=0.9, cause="a Python package is missing: numpy"))
+    assert line is not None and "\n" not in line
+    assert "category Dependency (confidence 0.90: a Python package is missing: numpy);" in line

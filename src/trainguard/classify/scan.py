@@ -303,7 +303,9 @@ class Scanner:
             groups = x.groupdict()
             gpu = normalize_pci(groups.get("gpu")) or section
             device = normalize_pci(groups.get("device")) or gpu or line_device
-            acc.add(Hit(r.id, r.category, r.confidence, r.tier, r.explain, file, lineno, shown, acc.next_order(),
+            # a rule that captures the module it is about names it (a missing package: which one)
+            explain = f"{r.explain}: {groups['module']}" if groups.get("module") else r.explain
+            acc.add(Hit(r.id, r.category, r.confidence, r.tier, explain, file, lineno, shown, acc.next_order(),
                         gpu=gpu, host=groups.get("host") or host, device=device, time=when), r.keep)
 
     def _xid_hit(self, m: TextMatch, text: str, shown: str, file: str, lineno: int, acc: Accumulator) -> Hit:

@@ -155,9 +155,10 @@ class Console:
             verdict = f"{record.verdict}, " if record.verdict else ""
             # "Unknown (confidence 0.00)" alone reads like a fault of the tool: say what was seen instead
             why = f" ({record.explanation})" if record.category == "Unknown" and record.explanation else ""
+            cause = f": {record.cause}" if record.cause else ""  # the reason behind a known category, one clause
             return (f"diagnosis of attempt {record.attempt}: {verdict}culprit {_ranks(record.culprit_ranks)}"
                     f"{_hosts(record.culprit_hosts)}, category {record.category} "
-                    f"(confidence {record.confidence:.2f}){why}; evidence in {evidence}")
+                    f"(confidence {record.confidence:.2f}{cause}){why}; evidence in {evidence}")
         if isinstance(record, NodeExcluded):
             return f"node {record.node} excluded: {record.reason}"
         if isinstance(record, AttemptStarted) and record.attempt > 0:

@@ -84,7 +84,7 @@ def require_numpy() -> None:
     try:
         import numpy  # noqa: F401
     except ModuleNotFoundError:
-        raise UsageError("the simulator needs numpy: pip install 'trainguard[sim]'") from None
+        raise UsageError("the simulator needs numpy, a dependency of trainguard: pip install numpy") from None
 
 
 @contextmanager

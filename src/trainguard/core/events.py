@@ -327,6 +327,8 @@ class Diagnosis(Event):
     confidence: float = 0.0
     explanation: str = ""
     evidence: tuple[str, ...] = ()
+    cause: str = ""
+    """The classifier's one-line reason for the category ("a Python package is missing: numpy"); empty if none."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -119,9 +119,24 @@ def hang_finding(ev: evidence.GatheredEvidence, verdict: Verdict, world: int, la
 # --- classification and records -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Classified:
+    """The root cause of one failure, from the culprits' log tails."""
+
+    category: str
+    group: str
+    confidence: float
+    lines: tuple[str, ...]
+    """The evidence lines themselves (the fleet database reads XID codes from them)."""
+    note: str
+    """Appended to the diagnosis' explanation: what limited the finding, the link it points to."""
+    cause: str = ""
+    """The classifier's one-line reason for the category ("a Python package is missing: numpy")."""
+
+
 def classify(ev: evidence.GatheredEvidence, ranks: list[int], verdict: str, backend: str | None,
-             attempt: int) -> tuple[str, str, float, tuple[str, ...], str]:
-    """(category, group, confidence, evidence lines, note) from the culprits' log tails."""
+             attempt: int) -> Classified:
+    """The category of a failure from the culprits' log tails (Unknown when classification fails)."""
     note = ""
     given: str | None = verdict
     if verdict in _HANG_VERDICTS and backend != "nccl":
@@ -143,10 +158,11 @@ def classify(ev: evidence.GatheredEvidence, ranks: list[int], verdict: str, back
                 note += (f"; link: {links.shared.kind} {links.shared.name} in {links.shared.pairs} of "
                          f"{links.fatal_pairs} failing pair(s) (confidence {links.shared.confidence:.2f})")
             lines = (*lines, *links.evidence_strings())
-        return c.category, c.group, float(c.confidence), lines, note
+        cause = c.explanation if c.category != "Unknown" else ""
+        return Classified(c.category, c.group, float(c.confidence), lines, note, cause)
     except Exception as exc:  # classification must never stand in the way of recovery
         log.warning("classification of attempt %d failed: %s", attempt, exc)
-        return "Unknown", "Unknown", 0.0, (), note
+        return Classified("Unknown", "Unknown", 0.0, (), note)
 
 
 def _links(ev: evidence.GatheredEvidence) -> LinkReport | None:
@@ -200,14 +216,13 @@ class FailureRecorder:
                                  detection_latency_seconds=max(0.0, latency), step=step,
                                  evidence=tuple(ev.files), detail=detail)
         self.add(record)
-        category, group, confidence, lines, note = classify(ev, ranks, verdict, backend, attempt)
-        if category == "Unknown":
-            note += if_unknown  # say why nothing was found rather than only "Unknown"
+        found = classify(ev, ranks, verdict, backend, attempt)
+        note = found.note + (if_unknown if found.category == "Unknown" else "")  # say why nothing was found
         blamed = list(ranks if diagnosis_ranks is None else diagnosis_ranks)
-        diagnosis = Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=attempt, category=category,
-                              group=group, verdict=verdict, culprit_ranks=tuple(blamed),
-                              culprit_hosts=self.hosts_of(attempt, blamed), confidence=confidence,
-                              explanation=explanation + note, evidence=(*ev.files, *lines))
+        diagnosis = Diagnosis(time=time.time(), host=self.cfg.node_id, attempt=attempt, category=found.category,
+                              group=found.group, verdict=verdict, culprit_ranks=tuple(blamed),
+                              culprit_hosts=self.hosts_of(attempt, blamed), confidence=found.confidence,
+                              explanation=explanation + note, cause=found.cause, evidence=(*ev.files, *found.lines))
         self.emit(diagnosis)
         drain.after_diagnosis(self.cfg, diagnosis, self.emit)  # --drain-bad-nodes: a hardware root cause
 

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # numpy is the sim extra; reports use this module without it
+if TYPE_CHECKING:  # reports use this module without loading numpy
     import numpy as np
 
 

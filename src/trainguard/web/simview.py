@@ -91,7 +91,7 @@ def recover_config(path: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
 
 def simulation_view(path: Path, this_run_ettr: float | None = None) -> dict[str, Any]:
     """The simulation page's document; ``{"available": False, "reason": ...}`` for runs it cannot redo."""
-    import numpy as np  # the sim extra: imported only when the simulation page is asked for
+    import numpy as np  # imported only when the simulation page is asked for
 
     from trainguard.sim import simulate
     from trainguard.sim.errors import SimError
