@@ -34,6 +34,8 @@ def test_a_lost_node_is_recorded_excluded_and_the_others_finish(tmp_path: Path, 
         job.start("node1")
         job.start("node2")
         job.wait("node2's workers", lambda: started(job.run_dir, "node2"))
+        # attempt_started comes before torch has started every worker: sample once both are there.
+        job.wait("node2's two worker processes", lambda: len(_worker_pids(job.run_dir, "node2")) == 2)
         orphans = _worker_pids(job.run_dir, "node2")
         codes = job.finish()
         # Workers an agent-kill left behind end once their peers are gone (a broken collective).
@@ -100,7 +102,8 @@ def _worker_pids(run_dir: Path, node: str) -> list[int]:
             env = proc.environ()
         except psutil.Error:
             continue
-        if env.get("TRAINGUARD_RUN_DIR") == wanted and env.get("TRAINGUARD_NODE") == node:
+        # a worker has its rank; a warm spare of the node (same run and node) gets one only at takeover
+        if env.get("TRAINGUARD_RUN_DIR") == wanted and env.get("TRAINGUARD_NODE") == node and "LOCAL_RANK" in env:
             out.append(proc.pid)
     return out
 
