@@ -120,3 +120,14 @@ def test_torchs_handler_keeps_working_over_a_forgery(store: Any, tmp_path: Path)
         assert time.monotonic() < deadline, "the handler never read the store again"
         time.sleep(0.05)
     assert not marker.exists()
+
+
+@pytest.mark.timeout(30)
+def test_binary_garbage_is_refused_without_an_exception(store: Any) -> None:
+    backend = _backend(store)
+    backend.set_state(b"ours")
+    store.set(KEY, b"\xffabcd")  # decodes as base64, but torch's c10d backend cannot use it as a token
+    state, token = backend.get_state() or (b"", None)
+    assert (state, token) == (b"ours", b"\xffabcd")
+    assert backend.set_state(b"ours", token) == (b"ours", b"\xffabcd", False)
+    assert backend.refusals == {"unsigned": 1, "undecodable": 1}

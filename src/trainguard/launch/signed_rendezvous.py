@@ -107,7 +107,7 @@ class SignedStateBackend(RendezvousBackend):
             token = self.forged_token  # "no state" was a refused value: replace exactly that one
         try:
             got = self.inner.set_state(self.seal(state), token)
-        except RendezvousStateError:
+        except (RendezvousStateError, UnicodeDecodeError):  # c10d: the refused value, its token, is not text
             instead = self._undecodable()
             return None if instead is None else (*instead, False)
         if got is None:
