@@ -39,16 +39,19 @@ def _wait(what: str, cond: Any, procs: dict[str, subprocess.Popen[bytes]], timeo
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _nodes_waiting(endpoint: str, run_id: str) -> int:
+def _nodes_waiting(endpoint: str, run_id: str, run_dir: Path) -> int:
     """Nodes that joined the c10d rendezvous but have no place in the running round (torch's wait list, or
     its redundancy list when the round is at the maximum), read from the store as torch's agents do."""
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
+    from trainguard.launch.signed_rendezvous import SignedStateBackend
+    from trainguard.launch.store_auth import job_signer
+
     host, port = endpoint.rsplit(":", 1)
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
-    found = C10dRendezvousBackend(store, run_id).get_state()
-    # torch's own pickled _RendezvousState from the job's store: trusted, unlike a dump from a worker
+    found = SignedStateBackend(C10dRendezvousBackend(store, run_id), job_signer(run_dir), run_id).get_state()
+    # torch's own pickled _RendezvousState, signed by the job's agents: verified before it is loaded
     if found is None:
         return 0
     state = pickle.loads(found[0])
@@ -102,7 +105,7 @@ def test_a_waiting_spare_replaces_an_excluded_node_and_the_job_completes(tmp_pat
         start("node2")
         _wait("the spare's health checks",
               lambda: any(r["type"] == "health_check" for r in _agent_records(run_dir, "node2")), procs)
-        _wait("the spare to wait in the rendezvous", lambda: _nodes_waiting(endpoint, "spares") > 0, procs)
+        _wait("the spare to wait in the rendezvous", lambda: _nodes_waiting(endpoint, "spares", run_dir) > 0, procs)
         assert not of_type(_agent_records(run_dir, "node2"), "attempt_started")  # no room for it yet
         _kill_worker_of_rank(run_dir, 0, procs)
         codes = {node: p.wait(timeout=90) for node, p in procs.items()}

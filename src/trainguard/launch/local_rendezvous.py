@@ -4,7 +4,8 @@ torch's c10d backend hosts its TCPStore on every interface of the machine, whate
 so ``--standalone`` (and any ``127.0.0.1``/``localhost`` endpoint) exposed the job's store to the network.
 Here the hosting agent binds the listening socket to the endpoint's loopback address itself and hands it to
 the store (``TCPStore(master_listen_fd=...)``, public API); the handler is torch's own
-(``dynamic_rendezvous.create_handler`` over a ``C10dRendezvousBackend``), so the rendezvous is unchanged.
+(``dynamic_rendezvous.create_handler`` over a ``C10dRendezvousBackend``, its state signed:
+`trainguard.launch.signed_rendezvous`), so the rendezvous is unchanged.
 An agent that finds the port taken joins as a client, as torch's backend does.
 """
 
@@ -55,14 +56,9 @@ def _store(host: str, port: int, read_timeout: float, host_it: bool) -> Any:
     return dist.TCPStore(host, port, is_master=False, timeout=timeout)
 
 
-def loopback_c10d_handler(params: Any, host: str) -> Any:
-    """torch's c10d rendezvous handler for ``params`` (a loopback endpoint), its store bound to ``host``."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-
+def loopback_store(params: Any, host: str) -> Any:
+    """The c10d rendezvous store for ``params`` (a loopback endpoint), bound to ``host`` when this agent hosts it."""
     port = int(params.endpoint.rsplit(":", 1)[1])
     is_host = params.get_as_bool("is_host")
     read_timeout = params.get_as_int("read_timeout", DEFAULT_READ_TIMEOUT_SECONDS)
-    store = _store(host, port, read_timeout, host_it=is_host is not False)
-    backend = C10dRendezvousBackend(store, params.run_id)
-    return create_handler(store, backend, params)
+    return _store(host, port, read_timeout, host_it=is_host is not False)

@@ -180,18 +180,22 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
 
 
 def _rendezvous_handler(cfg: SupervisorConfig) -> Any:
-    """torch's rendezvous handler for ``cfg``'s backend and endpoint."""
-    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-
-    from trainguard.launch.local_rendezvous import loopback_c10d_handler, loopback_host
+    """torch's rendezvous handler for ``cfg``'s backend and endpoint; c10d and etcd-v2 keep their state signed
+    with the job secret (`trainguard.launch.signed_rendezvous`): torch unpickles that state, so an unsigned
+    one written by another user would run its code in the agent."""
+    from trainguard.launch.local_rendezvous import loopback_host
 
     params = rendezvous_parameters(cfg)
-    loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
+    if cfg.rdzv_backend == "static":  # no pickled state: torch's own handler
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        return _FreshWorkerStore(get_rendezvous_handler(params), cfg.local_addr)
+    from trainguard.launch.signed_rendezvous import signed_handler
+    from trainguard.launch.store_auth import job_signer
+
     # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
-    handler = loopback_c10d_handler(params, loopback) if loopback else get_rendezvous_handler(params)
-    if cfg.rdzv_backend == "static":
-        handler = _FreshWorkerStore(handler, cfg.local_addr)
-    return handler
+    loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
+    return signed_handler(params, job_signer(cfg.run_dir), loopback)
 
 
 def _finish(cfg: SupervisorConfig, agent: Any, watch: RunDirWatch, status: str, reason: str,
