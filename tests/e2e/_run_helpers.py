@@ -23,9 +23,10 @@ def trainguard(*args: str, timeout: float = 120, env: dict[str, str] | None = No
                           timeout=timeout, env={**os.environ, **(env or {})}, check=False)
 
 
-def start_trainguard(*args: str, log: Path) -> subprocess.Popen[bytes]:
+def start_trainguard(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     fh = log.open("wb")
-    return subprocess.Popen([sys.executable, "-m", "trainguard", *args], stdout=fh, stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "trainguard", *args], stdout=fh, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
 
 
 def free_port() -> int:

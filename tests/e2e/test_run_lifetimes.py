@@ -1,8 +1,10 @@
 """No process outlives its job: workers die with a killed agent, and descendants that left a worker's
-session (a ``setsid`` child that ignores SIGTERM) end with their attempt and with the run.
+session (a ``setsid`` child that ignores SIGTERM) end with their attempt and with the run; so do warm
+spares, in every phase.
 
-The breaks they reproduce: SIGKILL of ``trainguard run`` left every worker running under init, and a
-worker's ``setsid`` child survived every restart and the job's exit 0.
+The breaks they reproduce: SIGKILL of ``trainguard run`` left every worker running under init, a
+worker's ``setsid`` child survived every restart and the job's exit 0, and a warm spare still importing
+lived on under init until its imports were done.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e._run_helpers import process_gone, start_trainguard
+from tests.e2e._spare_phases import PHASES, kill_agent_in
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -115,3 +120,14 @@ def test_a_setsid_child_that_ignores_sigterm_ends_with_its_attempt_and_with_the_
         if proc.poll() is None:
             proc.kill()
         _end_leftovers(tmp_path / "run")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("phase", PHASES)
+def test_warm_spares_die_with_a_killed_agent_in_every_phase(tmp_path: Path, phase: str,
+                                                            record_property: Callable[[str, Any], None]) -> None:
+    # The goal is 2 s (benchmarks/lifetime.py measures it); the bound here only has to tell "ends with the
+    # agent" from "lives on", so a busy machine cannot fail it. The measured figure goes to the report.
+    killed = kill_agent_in(phase, tmp_path, bound=30.0)
+    record_property("seconds_to_gone", killed.seconds)
+    assert not killed.left, f"{phase}: still running 30s after the agent died: {killed.left}"

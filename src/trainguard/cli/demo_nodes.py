@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.errors import UsageError
+from trainguard.launch.lifetime import die_with_parent_command
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ class AgentOutcome:
 
 def _child_args(args: argparse.Namespace, cfg: Any, index: int, nnodes: str, endpoint: str) -> list[str]:
     wd = cfg.watchdog
-    out = [sys.executable, "-m", "trainguard", "run", "--nnodes", nnodes, "--nproc-per-node", str(cfg.nproc_per_node),
+    # Each node's agent dies with the demo, even a demo killed by SIGKILL (its lifeline then ends its workers).
+    agent = die_with_parent_command(sys.executable, [], "trainguard", ["run"])
+    out = [*agent, "--nnodes", nnodes, "--nproc-per-node", str(cfg.nproc_per_node),
            "--rdzv-endpoint", endpoint, "--rdzv-id", cfg.run_id, "--node-id", node_name(index),
            "--run-dir", str(cfg.run_dir), "--json", "--inject", cfg.chaos or "none",
            "--rdzv-conf", f"keep_alive_interval={KEEP_ALIVE_SECONDS}", "--rdzv-last-call", str(LAST_CALL_SECONDS),

@@ -15,7 +15,9 @@ process. `ProcessTracker` finds them by reading ``/proc/<pid>/environ`` of this 
 
 Workers of auto-instrumented Python scripts also ask the kernel to SIGKILL them when the agent dies
 (``PR_SET_PDEATHSIG``, `trainguard.worker.bootstrap.die_with_agent`); the lifeline covers everything
-else (``--no-python`` programs, ``--no-auto-instrument``, the workers' own children).
+else (``--no-python`` programs, ``--no-auto-instrument``, the workers' own children). Python processes the
+agent starts that are not workers (warm spares) carry no tag: they start through `die_with_parent_command`,
+which sets ``PR_SET_PDEATHSIG`` before anything is imported.
 
 Kills go through a pidfd opened before the tag is checked again, so a pid reused between the scan and the
 kill is never signalled. Only processes of this user are read; others' environments are not readable and
@@ -40,6 +42,35 @@ log = logging.getLogger(__name__)
 
 TAG_ENV = "TRAINGUARD_PROCESS_TAG"
 """The environment variable that marks a run's processes: ``<token>.<attempt>``."""
+
+
+DIE_WITH_PARENT = """\
+import os, sys
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(0)
+import runpy
+del sys.argv[:2]
+sys.path[0] = os.getcwd()
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+"""``python -c`` source run as ``-c DIE_WITH_PARENT <parent pid> MODULE ARGS...``: ``python -m MODULE ARGS...``
+that first has the kernel SIGKILL it when its parent dies (Linux; elsewhere only the parent check). The
+parent is checked after the call: one that died between the fork and the call would never signal. Only
+``os`` and ``sys`` (already loaded by the interpreter) and ``ctypes`` come before the call, so a process
+whose imports take seconds (torch, a script's modules) cannot outlive its parent while it imports."""
+
+
+def die_with_parent_command(python: str, flags: list[str], module: str, args: list[str]) -> list[str]:
+    """``python FLAGS -m MODULE ARGS`` as a child of this process that dies with it, by SIGKILL too
+    (`DIE_WITH_PARENT`). The kernel signals when the *thread* that forked the child ends: start it from a
+    thread that lives as long as the process (the main thread)."""
+    return [python, *flags, "-c", DIE_WITH_PARENT, str(os.getpid()), module, *args]
 
 
 def untagged_environ() -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Warm spare workers kept by the agent: started ahead, torch and the script's imports loaded, handed a rank.
 
-Each spare runs `trainguard.worker.warm` with the job's command and waits on its stdin. A whole-process
+Each spare runs `trainguard.worker.warm` with the job's command and waits on its stdin; it dies with the
+agent, by SIGKILL too, whatever phase it is in (`die_with_parent_command`). A whole-process
 restart gives each local rank's environment and log files to a waiting spare instead of starting a cold
 interpreter (`GuardAgent.on_start_workers`); an in-process restart (`trainguard.launch.inprocess`) does the
 same for the failed ranks. The pool is topped up once the new attempt is training. See docs/run.md
@@ -15,10 +16,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from trainguard.health.host import available_memory_bytes
-from trainguard.launch.lifetime import untagged_environ
+from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 from trainguard.launch.stop import stop_processes
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,8 @@ class WarmSpares:
     def _command(self) -> list[str]:
         rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
         python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
-        return [python, "-u", "-m", "trainguard.worker.warm", *rest]
+        # ``-c`` bootstrap rather than ``-m``: the parent-death signal is set before torch and the script load.
+        return die_with_parent_command(python, ["-u"], "trainguard.worker.warm", rest)
 
     def alive(self) -> int:
         """Spares that are still running (loading or waiting)."""
@@ -100,7 +103,12 @@ class WarmSpares:
         """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank).
 
         An eager pool starts them all at once; an automatic one starts the next only once the previous
-        waits, so the node's CPUs see one import of torch at a time beside the training."""
+        waits, so the node's CPUs see one import of torch at a time beside the training.
+
+        Call it from the main thread (the agent's monitor loop): a spare's parent-death signal fires when the
+        thread that started it ends."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("warm spares started off the main thread die when that thread ends")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while self.alive() < self.count:
             if not self.eager and self._loading():

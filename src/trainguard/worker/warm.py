@@ -1,6 +1,7 @@
 """A warm spare worker: a process that has imported torch (and the script's imports) and waits for a rank.
 
-The agent starts it as ``python -u -m trainguard.worker.warm [-m] SCRIPT ARGS...`` with its stdin a pipe.
+The agent starts it as ``python -u -m trainguard.worker.warm [-m] SCRIPT ARGS...`` with its stdin a pipe,
+through a bootstrap that first makes it die with the agent (`trainguard.launch.lifetime.DIE_WITH_PARENT`).
 It imports what the script imports at its top level, then blocks reading one JSON line from stdin:
 ``{"env": {...}, "stdout": path, "stderr": path}``, the environment and log files of the rank it replaces.
 It takes them on and runs the script as ``__main__`` in this interpreter, so the rank skips the seconds of
