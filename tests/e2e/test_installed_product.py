@@ -213,7 +213,9 @@ def test_the_extras_install_on_top_and_their_verbs_run(product: Installed, demo:
         assert serve.stdout is not None
         line = serve.stdout.readline()  # printed once it listens
         url = line[line.index("http://"):].strip()
-        with urllib.request.urlopen(url, timeout=60) as page:
+        # the link's token is swapped for a session cookie by a redirect
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with browser.open(url, timeout=60) as page:
             assert page.status == 200 and "faulty" in page.read().decode()
     finally:
         serve.terminate()
