@@ -99,14 +99,21 @@ def start_supervisor(run_dir: Path, command: list[str], *, nproc: int, log: Path
                             stderr=subprocess.STDOUT)
 
 
-def assert_gone_within(pids: list[int], since_wall: float, seconds: float) -> None:
-    """Every process in ``pids`` has exited, at most ``seconds`` after the wall time ``since_wall``."""
-    deadline = time.monotonic() + 2 * seconds
+TORCH_CLOSE_SECONDS = 30.0
+"""torch's elastic agent waits this long after its SIGTERM before a SIGKILL (and a SIGTERM stays pending on a
+stopped process): workers gone well before it were stopped by trainguard's own escalation."""
+
+
+def assert_stopped(pids: list[int], since_wall: float) -> float:
+    """Every process in ``pids`` exits, even one that ignores SIGTERM or is SIGSTOPped, sooner than torch's own close
+    would end it; returns the seconds from the wall time ``since_wall`` until all were gone. How soon (the goal is
+    5 s) is the benchmarks' figure: a loaded machine may take longer, never as long as torch's close."""
+    deadline = time.monotonic() + TORCH_CLOSE_SECONDS
     while not all(process_gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    gone = time.time()
-    assert all(process_gone(p) for p in pids)
-    assert gone - since_wall <= seconds, gone - since_wall
+    took = time.time() - since_wall
+    assert all(process_gone(p) for p in pids) and took < TORCH_CLOSE_SECONDS - 5.0, (pids, took)
+    return took
 
 
 def process_gone(pid: int) -> bool:

@@ -17,6 +17,8 @@ from tests.e2e._run_helpers import events, free_port, of_type, process_gone, sto
 
 STEPS = 12
 LOST_TIMEOUT = 4.0
+WATCH_NOT_TIMEOUT = 60.0
+"""Detection within this of the lost-node timeout was the watch's, not a collective's timeout or an exit barrier."""
 # The workers of a killed agent go on training: rank 0 is slowed to ~1 s a step so the job is still running when
 # the survivors find the agent gone (a job that completes first only waits for it at the exit barrier).
 SCHEDULES = {"node-crash": "node-crash@step=4,node=node2",
@@ -55,9 +57,11 @@ def test_a_lost_node_is_recorded_excluded_and_the_others_finish(tmp_path: Path, 
         ("node-lost", ["node2"], node2_ranks, 0)], failures
     failure = failures[0]
     assert failure["host"] in ("node0", "node1")
-    # Bound: the lost-node timeout, one beat interval (1 s) and one poll; slack for two loaded cores.
-    assert LOST_TIMEOUT <= failure["detection_latency_seconds"] <= LOST_TIMEOUT + 1.5
-    assert failure["time"] - fired[0]["time"] <= LOST_TIMEOUT + 4.0, (failure["time"], fired[0]["time"])
+    # Never before the lost-node timeout; found by the agents' watch, not by a collective's own timeout (gloo's is
+    # 30 min) or the exit barrier. How fast is benchmarks/restart_nodes.py's figure, not a test's: a loaded machine
+    # delays the survivors' polls.
+    assert LOST_TIMEOUT <= failure["detection_latency_seconds"] <= LOST_TIMEOUT + WATCH_NOT_TIMEOUT
+    assert failure["time"] - fired[0]["time"] <= LOST_TIMEOUT + WATCH_NOT_TIMEOUT, (failure["time"], fired[0]["time"])
     evidence = set(failure["evidence"])
     assert "diagnostics/attempt-0/node-node2/heartbeats.txt" in evidence
     assert {f"diagnostics/attempt-0/node-node2/log_tail_rank_{r}.txt" for r in node2_ranks} <= evidence
@@ -135,7 +139,7 @@ def test_a_stopped_node_is_lost_and_leaves_when_it_comes_back(tmp_path: Path) ->
     records = events(job.run_dir)
     failures = of_type(records, "failure_detected")
     assert [(f["kind"], f["hosts"], f["attempt"]) for f in failures] == [("node-lost", ["node2"], 0)], failures
-    assert failures[0]["time"] - stopped_at <= LOST_TIMEOUT + 4.0
+    assert failures[0]["time"] - stopped_at <= LOST_TIMEOUT + WATCH_NOT_TIMEOUT
     # Recorded by the survivor that found it, then by node2 itself as it leaves.
     excluded = of_type(records, "node_excluded")
     assert [(e["node"], e["attempt"]) for e in excluded] == [("node2", 1), ("node2", 1)]
