@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._run_helpers import events, free_port, of_type, process_gone, start_trainguard
+from tests.e2e._run_helpers import TORCH_CLOSE_SECONDS, events, free_port, of_type, process_gone, start_trainguard
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,7 +94,7 @@ def test_a_signal_swallowed_by_a_guarded_phase_still_stops_the_run(tmp_path: Pat
     assert sent.exists(), out[-3000:]
     took = time.time() - float(sent.read_text())
     assert proc.returncode == 130, out[-3000:]
-    assert took < 10, took
+    assert took < TORCH_CLOSE_SECONDS - 5.0, took  # trainguard's stop, not torch's close (goal: benchmarks)
     _closed(run_dir, 0)
     assert _workers(run_dir) == []
 
@@ -147,6 +147,6 @@ def test_sigterm_after_a_hang_restart_of_an_unmodified_lightning_job(tmp_path: P
             proc.kill()
     out = (tmp_path / "out.log").read_text()
     assert code == 130, out[-4000:]
-    assert took < 10, took
+    assert took < TORCH_CLOSE_SECONDS - 5.0, took  # trainguard's stop, not torch's close (goal: benchmarks)
     _closed(run_dir, 1)
     assert all(process_gone(p) for p in workers)
