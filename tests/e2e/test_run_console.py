@@ -59,3 +59,14 @@ def test_quiet_prints_none_of_the_lines_but_still_the_result(tmp_path: Path) -> 
     assert "[rank" not in err
     # Faults that never fired are still said: a schedule is never silently dropped.
     assert result["unfired_faults"] == ["crash@step=99,rank=0"]
+
+
+def test_a_missing_module_in_a_rank_is_a_dependency_named_in_one_line(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nimport a_package_this_machine_lacks\n")
+    res = trainguard("run", "--nproc-per-node", "2", "--no-health-checks", "--max-restarts", "0", "--run-dir",
+                     str(tmp_path / "run"), "--json", str(script), timeout=140)
+    assert res.code != 0 and json.loads(res.out)["status"] == "failed", res.err[-3000:]
+    (line,) = _ours(res.err, "diagnosis of attempt 0")
+    assert ("category Dependency (confidence 0.90: a Python package is missing: a_package_this_machine_lacks)"
+            in line), line
