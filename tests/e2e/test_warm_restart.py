@@ -2,8 +2,8 @@
 
 The agent fills its pool of warm spares (interpreters with torch and the script's imports loaded) once the
 job trains; when rank 1 dies, the whole-process restart hands every local rank to a spare instead of
-starting cold interpreters. A script whose top-level import reads its rank still restarts, cold, with a
-one-line note; ``--warm-spares 0`` starts no spare at all.
+starting cold interpreters. A script whose top-level import reads its rank restarts warm too, that import left
+for after the takeover (one probe per job, said once); ``--warm-spares 0`` starts no spare at all.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e._run_helpers import ROOT, events, json_result, of_type, process_gone, start_trainguard
+from trainguard.core.protocol import SPARE_UNFIT
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,8 +23,13 @@ PLAIN = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 RANK_AT_IMPORT = ROOT / "tests" / "e2e" / "userscripts" / "rank_at_import.py"
 
 
+def _spare_logs(run_dir: Path) -> list[str]:
+    return [p.read_text() for p in (run_dir / "logs" / "spares").glob("spare-*.log")]
+
+
 def _waiting_spares(run_dir: Path) -> int:
-    return sum("waiting" in p.read_text() for p in (run_dir / "logs" / "spares").glob("spare-*.log"))
+    """Spares that wait and can take a rank warm (not those that found themselves unfit)."""
+    return sum("waiting" in text and SPARE_UNFIT not in text for text in _spare_logs(run_dir))
 
 
 def _wait(what: str, check: object, proc: object, timeout: float = 300) -> None:
@@ -90,14 +96,19 @@ def test_an_unmodified_script_restarts_from_warm_spares_by_default(tmp_path: Pat
     assert len(spare_pids) >= 2 and all(process_gone(pid) for pid in spare_pids)
 
 
-def test_a_script_that_reads_its_rank_at_import_restarts_cold_with_a_note(tmp_path: Path) -> None:
+def test_a_script_that_reads_its_rank_at_import_restarts_warm_without_that_module(tmp_path: Path) -> None:
+    # One probe per job: the first spare finds that loading `rank_config` ahead reads RANK and says so; the pool
+    # stops it and starts spares that load torch and the rest ahead and leave `rank_config` for the takeover.
     run_dir = _crash_and_restart(tmp_path, RANK_AT_IMPORT, spares_expected=2)
     started = of_type(events(run_dir, "agent-"), "attempt_started")
-    assert [a["recovery"] for a in started] == ["", "restart"]
+    assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 2)]
+    unfit = [text for text in _spare_logs(run_dir) if SPARE_UNFIT in text]
+    assert len(unfit) == 1 and "a module read RANK while loaded ahead; skip=rank_config" in unfit[0], unfit
+    console = (tmp_path / "out.json").read_text()
+    assert console.count("warm spares: a module read RANK while loaded ahead: rank_config now load after") == 1
     for rank in (0, 1):
-        text = (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
-        assert "trainguard: warm start not possible (a module read RANK while loaded ahead): cold start" in text
-        # The cold start saw its own rank (the script exits 3 otherwise, failing the run).
+        assert "warm start not possible" not in (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
+        # The warm rank imported `rank_config` after taking its rank: it saw its own (the script exits 3 otherwise).
         assert f"rank_at_import: rank {rank} as imported" in \
             (run_dir / "logs" / "attempt-1" / f"rank-{rank}.stdout.log").read_text()
 

@@ -47,12 +47,13 @@ def test_torch_builds_worker_handles_through_the_factory_warm_starts_use() -> No
     assert can_adopt()
 
 
-def _run_preload(tmp_path: Path, module_text: str) -> str:
+def _run_preload(tmp_path: Path, module_text: str, extra_env: dict[str, str] | None = None) -> str:
     """`preload_watched` of one module in a fresh interpreter (imports are process-wide)."""
     (tmp_path / "usermod.py").write_text(module_text)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from trainguard.worker.warm import preload_watched; "
-            "n, why = preload_watched(['usermod', 'not_a_module_anywhere']); print(n, why)")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+            "p = preload_watched(['json', 'usermod', 'not_a_module_anywhere']); "
+            "print(p.count, p.unfit, ','.join(p.culprits) or '-')")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")} | (extra_env or {})
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                          timeout=120, check=True)
     return out.stdout.strip()
@@ -60,18 +61,28 @@ def _run_preload(tmp_path: Path, module_text: str) -> str:
 
 def test_a_module_reading_its_rank_at_import_makes_the_spare_unfit(tmp_path: Path) -> None:
     assert _run_preload(tmp_path, "import os\nRANK = int(os.environ.get('RANK', '0'))\n") == \
-        "1 a module read RANK while loaded ahead"
+        "2 a module read RANK while loaded ahead usermod"
     assert _run_preload(tmp_path, "from os import getenv\nW = getenv('LOCAL_RANK')\n") == \
-        "1 a module read LOCAL_RANK while loaded ahead"
-    assert _run_preload(tmp_path, "import os\n'RANK' in os.environ\n") == "1 a module read RANK while loaded ahead"
+        "2 a module read LOCAL_RANK while loaded ahead usermod"
+    assert _run_preload(tmp_path, "import os\n'RANK' in os.environ\n") == \
+        "2 a module read RANK while loaded ahead usermod"
 
 
 def test_a_module_reading_other_variables_keeps_the_spare_fit(tmp_path: Path) -> None:
     assert _run_preload(tmp_path, "import os\nHOME = os.environ.get('HOME')\nP = dict(os.environ.copy())\n") == \
-        "1 None"
+        "2 None -"
+
+
+def test_listing_the_environment_whole_is_no_read_of_a_rank(tmp_path: Path) -> None:
+    # What tqdm (its envwrap over os.environ.items()) and fsspec (dict(os.environ)) do at import: a Lightning
+    # Fabric script's spares were all unfit for it ("a module read ... TRAINGUARD_ATTEMPT").
+    env = {"RANK": "1", "TRAINGUARD_ATTEMPT": "0"}
+    text = ("import os\nD = dict(os.environ)\nT = {k: v for k, v in os.environ.items() if k.startswith('TQDM_')}\n"
+            "V = list(os.environ.values())\n")
+    assert _run_preload(tmp_path, text, env) == "2 None -"
 
 
 def test_the_environment_is_the_real_one_again_after_preloading() -> None:
     real = os.environ
-    count, why = preload_watched(["json"])
-    assert os.environ is real and count == 1 and why is None
+    found = preload_watched(["json"])
+    assert os.environ is real and found.count == 1 and found.unfit is None

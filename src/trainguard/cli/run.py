@@ -276,6 +276,8 @@ def quiet_torch_logs(verbose: int) -> None:
     if verbose == 0:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
         logging.getLogger("trainguard.launch").setLevel(logging.ERROR)
+        # what the warm-spare pool learned about the script (once per job) changes how fast restarts are
+        logging.getLogger("trainguard.launch.warm").setLevel(logging.WARNING)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -382,3 +382,11 @@ def inprocess_key(attempt: int, name: str) -> str:
     ``env`` (JSON of `INPROCESS_ATTEMPT_ENV` for this attempt), ``joined`` (ranks that formed this attempt's
     process group), ``pg/`` (prefix of the process group's own keys)."""
     return f"trainguard/inprocess/attempt-{attempt}/{name}"
+
+# --- warm spares ------------------------------------------------------------------------------------------
+
+SPARE_SKIP_ENV = "TRAINGUARD_SPARE_SKIP"
+"""Comma-separated top-level imports of the script a warm spare leaves for after its takeover: the agent's pool
+learned from an earlier spare that loading them ahead reads a rank's variables."""
+SPARE_UNFIT = "unfit for a warm start:"
+"""Starts a spare's log line that tells the agent why it cannot take a rank warm (``...; skip=a,b``)."""

@@ -286,10 +286,11 @@ class GuardAgent(ElasticAgentBase):
         return pids
 
     def _claim_spares(self, wg: WorkerGroup) -> list[int]:
-        """Local ranks a waiting warm spare will take at this (re)start: one per rank while they last."""
+        """Local ranks a warm spare will take at this (re)start: one per rank while ready ones last (a spare still
+        importing is left for the next restart: its rank starts cold now rather than wait for it)."""
         if self.spares is None or self.attempt == 0 or not can_adopt():
             return []
-        return [w.local_rank for w in wg.workers][:self.spares.alive()]
+        return [w.local_rank for w in wg.workers][:self.spares.ready()]
 
     def _adopter(self, ranks: list[int]) -> Adopt:
         """What torch's process start asks for each local rank: a warm spare for ``ranks``, else None (cold)."""

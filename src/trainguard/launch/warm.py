@@ -19,6 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
+from trainguard.core.protocol import SPARE_SKIP_ENV, SPARE_UNFIT
 from trainguard.health.host import available_memory_bytes
 from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 from trainguard.launch.stop import stop_processes
@@ -65,6 +66,11 @@ class WarmSpares:
         self.spares: list[subprocess.Popen[bytes]] = []
         self._logs: dict[int, Path] = {}
         self._started = 0
+        self.skip: tuple[str, ...] = ()
+        """The script's top-level imports that spares leave for after their takeover: an earlier spare found that
+        loading them ahead reads a rank's variables (one probe per job)."""
+        self.unfit: str | None = None
+        """Why spares cannot take a rank warm even without those imports: the pool is not refilled."""
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
@@ -89,15 +95,44 @@ class WarmSpares:
         self.spares = [p for p in self.spares if p.poll() is None]
         return len(self.spares)
 
+    def _log_tail(self, proc: subprocess.Popen[bytes]) -> bytes:
+        try:
+            return self._logs[proc.pid].read_bytes()[-4096:]
+        except (OSError, KeyError):
+            return b""
+
     def _loading(self) -> bool:
         """Whether a spare is still importing (its log has no ``waiting`` line yet)."""
-        for proc in self.spares:
-            try:
-                if b"waiting" not in self._logs[proc.pid].read_bytes()[-4096:]:
-                    return True
-            except (OSError, KeyError):
-                return True
-        return False
+        return any(b"waiting" not in self._log_tail(p) for p in self.spares)
+
+    def ready(self) -> int:
+        """Spares that wait for a rank and can take it warm: a restart hands ranks only to these, never to one
+        still importing (that rank starts cold at once; the spare serves the next restart)."""
+        return sum(self._fit(p) for p in self.spares if p.poll() is None)
+
+    def _fit(self, proc: subprocess.Popen[bytes]) -> bool:
+        tail = self._log_tail(proc)
+        return b"waiting" in tail and SPARE_UNFIT.encode() not in tail
+
+    def _probe(self) -> None:
+        """Learn from spares that found themselves unfit: leave the imports they name out of the next spares (and
+        stop these, which would only start cold), or, when nothing can be left out, stop refilling the pool."""
+        for proc in list(self.spares):
+            tail = self._log_tail(proc).decode(errors="replace")
+            mark = tail.find(SPARE_UNFIT)
+            if mark < 0:
+                continue
+            why, _, skip = tail[mark + len(SPARE_UNFIT):].partition("; skip=")
+            culprits = tuple(m for m in skip.split("\n", 1)[0].strip().split(",") if m and m not in self.skip)
+            self.spares.remove(proc)
+            stop_processes([proc], self.grace_seconds, signal.SIGTERM)
+            if culprits:
+                self.skip = (*self.skip, *culprits)
+                log.warning("warm spares: %s: %s now load after a spare takes its rank (torch stays loaded ahead)",
+                            why.strip(), ", ".join(culprits))
+            elif self.unfit is None:
+                self.unfit = why.strip()
+                log.warning("warm spares: %s: restarts start cold; no more spares for this job", self.unfit)
 
     def fill(self) -> None:
         """Start spares until ``count`` are alive (with trainguard's automatic hooks off until they get a rank).
@@ -110,12 +145,13 @@ class WarmSpares:
         if threading.current_thread() is not threading.main_thread():
             log.warning("warm spares started off the main thread die when that thread ends")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        while self.alive() < self.count:
+        self._probe()
+        while self.unfit is None and self.alive() < self.count:
             if not self.eager and self._loading():
                 return
             # Untagged: a spare outlives the attempt it was started in, so the end-of-attempt sweep must not
             # take it for a worker's leftover (`trainguard.launch.lifetime`). It is tagged when it takes a rank.
-            env = {**untagged_environ(), "TRAINGUARD_AUTO": "0"}
+            env = {**untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
             path = self.log_dir / f"{self.name}-{self._started}.log"
             with open(path, "ab") as out:
                 proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
@@ -126,13 +162,13 @@ class WarmSpares:
             log.info("warm spare started: pid %d", proc.pid)
 
     def take(self, env: dict[str, str], stdout: str | None, stderr: str | None) -> subprocess.Popen[bytes] | None:
-        """Hand a rank to a waiting spare: the environment a cold worker would get (this process's, then
-        ``env``) and its log files. None when none is alive."""
+        """Hand a rank to a spare that waits and is fit (`ready`): the environment a cold worker would get (this
+        process's, then ``env``) and its log files. None when none is ready."""
         full = {**os.environ, **env}
-        while self.spares:
-            proc = self.spares.pop(0)
-            if proc.poll() is not None or proc.stdin is None:
+        for proc in list(self.spares):
+            if proc.poll() is not None or proc.stdin is None or not self._fit(proc):
                 continue
+            self.spares.remove(proc)
             line = json.dumps({"env": full, "stdout": stdout, "stderr": stderr}) + "\n"
             try:
                 proc.stdin.write(line.encode())

@@ -23,9 +23,11 @@ import runpy
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.core import protocol
 from trainguard.torch_api.c10d import PREWARM_MODULES
 
 log = logging.getLogger(__name__)
@@ -46,14 +48,23 @@ warm-startable (it would keep the spare's value, not its rank's)."""
 
 
 class _WatchedEnviron(MutableMapping[str, str]):
-    """``os.environ`` that notes which variables were read (installed only while preloading)."""
+    """``os.environ`` that notes which variables were read (installed only while preloading).
+
+    A variable read while the environment is being listed (``dict(os.environ)``, ``os.environ.items()``: tqdm and
+    fsspec copy it whole at import) is not a read of that variable: code that scans for its own prefix would
+    otherwise make every spare unfit. Reading a name directly (``os.environ.get("RANK")``) is."""
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
         self.read: set[str] = set()
+        self._listed: set[str] = set()
+        """Keys handed out by a listing and not yet looked up by it."""
 
     def __getitem__(self, key: str) -> str:
-        self.read.add(key)
+        if key in self._listed:
+            self._listed.discard(key)
+        else:
+            self.read.add(key)
         return self.real[key]
 
     def __setitem__(self, key: str, value: str) -> None:
@@ -63,7 +74,9 @@ class _WatchedEnviron(MutableMapping[str, str]):
         del self.real[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.real)
+        for key in list(self.real):
+            self._listed.add(key)
+            yield key
 
     def __len__(self) -> int:
         return len(self.real)
@@ -99,24 +112,49 @@ def preload(modules: list[str]) -> int:
     return done
 
 
-def preload_watched(modules: list[str]) -> tuple[int, str | None]:
-    """`preload` with reads of the environment watched: how many imported, and why this spare cannot stand in
-    for a rank's cold start (None: it can)."""
+@dataclass(frozen=True)
+class Preloaded:
+    """What a spare loaded ahead, and whether it can stand in for a rank's cold start."""
+
+    count: int
+    """Modules imported."""
+    unfit: str | None = None
+    """Why this spare cannot take a rank warm (None: it can)."""
+    culprits: tuple[str, ...] = ()
+    """The script's top-level imports whose loading read a rank's variables: later spares leave them out."""
+
+
+def preload_watched(modules: list[str]) -> Preloaded:
+    """`preload` of the script's top-level ``modules`` with reads of the environment watched, one module at a
+    time, so that the ones that read a rank's variables are named."""
     real = os.environ
     watched = _WatchedEnviron(real)
+    culprits: list[str] = []
+    reads: set[str] = set()
+    count = 0
     # Swapped, not cleared: os.getenv and `from os import environ` after this point read this object.
     os.environ = watched  # type: ignore[assignment]  # noqa: B003
     try:
-        count = preload(modules)
+        for name in modules:
+            before = set(watched.read)
+            count += preload([name])
+            new = (watched.read - before) & RANK_VARIABLES
+            if new:
+                culprits.append(name)
+                reads |= new
     finally:
         os.environ = real  # noqa: B003
-    rank_reads = sorted(watched.read & RANK_VARIABLES)
-    if rank_reads:
-        return count, f"a module read {', '.join(rank_reads)} while loaded ahead"
+    if reads:
+        return Preloaded(count, f"a module read {', '.join(sorted(reads))} while loaded ahead", tuple(culprits))
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        return count, "a module initialized CUDA while loaded ahead"
-    return count, None
+        return Preloaded(count, "a module initialized CUDA while loaded ahead")
+    return Preloaded(count)
+
+
+def skipped_imports(env: MutableMapping[str, str]) -> set[str]:
+    """The top-level imports the agent asked this spare to leave for after its takeover (`protocol.SPARE_SKIP_ENV`)."""
+    return {m for m in env.get(protocol.SPARE_SKIP_ENV, "").split(",") if m}
 
 
 def _cold_start(command: list[str], module: bool, why: str) -> None:
@@ -169,15 +207,19 @@ def main(argv: list[str]) -> int:
     if not module:
         sys.path[0] = str(script.resolve().parent)  # as `python script.py` would have it
     count = preload(list(ALWAYS))
-    more, unfit = preload_watched([] if module else top_level_imports(script))
-    print(f"warm spare {os.getpid()}: {count + more} modules loaded in {time.monotonic() - t0:.2f}s; waiting",
-          flush=True)
+    skip = skipped_imports(os.environ)
+    found = preload_watched([] if module else [m for m in top_level_imports(script) if m not in skip])
+    if found.unfit is not None:  # the agent reads this line: it leaves the culprits out of its next spares
+        print(f"warm spare {os.getpid()}: {protocol.SPARE_UNFIT} {found.unfit}; skip={','.join(found.culprits)}",
+              flush=True)
+    print(f"warm spare {os.getpid()}: {count + found.count} modules loaded in {time.monotonic() - t0:.2f}s; "
+          "waiting", flush=True)
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the agent closed our input: no rank for us
     _take_over(json.loads(line))
-    if unfit is not None:
-        _cold_start(command, module, unfit)
+    if found.unfit is not None:
+        _cold_start(command, module, found.unfit)
     _install_hooks()
     sys.argv = list(command)
     if module:
