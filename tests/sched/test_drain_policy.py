@@ -168,7 +168,8 @@ def test_reasons_are_one_readable_line_that_says_trainguard(tmp_path: Path) -> N
                   evidence=("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.",))
     [v] = diagnosis_verdicts(d, 0.5)
     assert (v.node, v.cause) == ("n4", "hardware")
-    assert drain_reason(v.what, "R", v.attempt) == "trainguard: Xid 79 GPU 0000:18:00 (Faulty GPU), run R attempt 2" + ME
+    expected = "trainguard: Xid 79 GPU 0000:18:00 (Faulty GPU), run R attempt 2"
+    assert drain_reason(v.what, "R", v.attempt) == expected + ME
     software = Diagnosis(time=1.0, attempt=1, category="Software Bug", group="Dependency", confidence=1.0,
                          culprit_hosts=("n4",))
     assert diagnosis_verdicts(software, 0.5) == []
