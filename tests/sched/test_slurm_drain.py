@@ -133,9 +133,9 @@ def test_return_node_refuses_another_users_drain(slurm: SlurmCluster, tmp_path: 
                               "n3": "trainguard: node lost, run R attempt 0"}  # both still drained
 
 
-def _running_job(slurm: SlurmCluster, nodes: str) -> str:
-    job = slurm.run("sbatch", "--parsable", "-N", str(len(nodes.split(","))), "-w", nodes, "--wrap",
-                    "sleep 600").stdout.strip().split(";")[0]
+def _running_job(slurm: SlurmCluster, nodes: str, out: Path) -> str:
+    job = slurm.run("sbatch", "--parsable", "-N", str(len(nodes.split(","))), "-w", nodes, f"--output={out}",
+                    "--wrap", "sleep 600").stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
     while slurm.job_fields(job).get("JobState") != "RUNNING":
         assert time.monotonic() < deadline, f"job {job} not running: {slurm.job_fields(job)}"
@@ -145,7 +145,7 @@ def _running_job(slurm: SlurmCluster, nodes: str) -> str:
 
 def test_a_node_outside_the_jobs_allocation_is_not_drained(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The allocation from a real job (scontrol show job) and from SLURM_JOB_NODELIST: n3 is another job's."""
-    job = _running_job(slurm, "n1,n2")
+    job = _running_job(slurm, "n1,n2", tmp_path / "job.out")
     for i, env in enumerate(({"SLURM_JOB_ID": job}, {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": job})):
         a = adapter(slurm, **env)
         assert a.job_nodes() == ["n1", "n2"]
