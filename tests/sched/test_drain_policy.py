@@ -27,7 +27,7 @@ from trainguard.health.drain import (
 )
 from trainguard.health.drain_history import summarize
 from trainguard.health.fleetdb import FleetDB
-from trainguard.health.scheduler import NodeState, SchedulerError, drain_reason
+from trainguard.health.scheduler import NodeState, Owner, SchedulerError, drain_reason
 from trainguard.launch.config import SupervisorConfig
 
 
@@ -78,11 +78,13 @@ class FakeScheduler:
 
 
 NODES = [f"n{i}" for i in range(1, 9)]
+OWNER = Owner(1000, "alice", "4711")
+ME = Owner.current().tag()
 
 
 def policy(tmp_path: Path, sched: FakeScheduler, clock: list[float], **kw: Any) -> DrainPolicy:
     settings = DrainSettings(**{"max_share": 0.25, "window_seconds": 3600, "max_cluster_share": 1.0, **kw})
-    return DrainPolicy(settings, sched, tmp_path / "run", "job7", "n1", job_size=0, clock=lambda: clock[0])
+    return DrainPolicy(settings, sched, tmp_path / "run", "job7", "n1", clock=lambda: clock[0], owner=OWNER)
 
 
 def test_rate_limit_counts_the_jobs_nodes_within_the_window(tmp_path: Path) -> None:
@@ -130,7 +132,8 @@ def test_scheduler_failures_and_disabled_causes_are_records_not_exceptions(tmp_p
     sched.fail = False
     only_health = policy(tmp_path / "h", sched, clock, causes=("health",))
     assert only_health.decide(Verdict("n2", "lemon", "lemon", 0)).status == "refused"
-    assert policy(tmp_path / "u", sched, clock).decide(Verdict("n99", "lost", "x", 0)).status == "failed"
+    ghost = FakeScheduler(NODES, job=[*NODES, "n99"])  # in the allocation, unknown to the scheduler
+    assert policy(tmp_path / "u", ghost, clock).decide(Verdict("n99", "lost", "x", 0)).status == "failed"
 
 
 def _decide_in_process(run: str, node: str, out: Any) -> None:
@@ -154,16 +157,19 @@ def test_agents_deciding_at_once_share_one_limit(tmp_path: Path) -> None:
 
 
 def test_reasons_are_one_readable_line_that_says_trainguard(tmp_path: Path) -> None:
-    assert drain_reason("Xid 79 GPU 0000:18:00", "R", 2) == "trainguard: Xid 79 GPU 0000:18:00, run R attempt 2"
-    long = drain_reason("failed health check " + "x" * 500 + "\nsecond line", "R", 1)
-    assert len(long) <= 200 and long.startswith("trainguard: ") and long.endswith(", run R attempt 1")
+    assert (drain_reason("Xid 79 GPU 0000:18:00", "R", 2, OWNER)
+            == "trainguard: Xid 79 GPU 0000:18:00, run R attempt 2 [uid 1000 alice job 4711]")
+    long = drain_reason("failed health check " + "x" * 500 + "\nsecond line", "R", 1, OWNER)
+    assert len(long) <= 200 and long.startswith("trainguard: ")
+    assert long.endswith(", run R attempt 1 [uid 1000 alice job 4711]")  # the owner tag survives the cut
     assert "\n" not in long
     d = Diagnosis(time=1.0, host="n1", attempt=2, category="Faulty GPU", group="GPU", confidence=0.9,
                   culprit_hosts=("n4",),
                   evidence=("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.",))
     [v] = diagnosis_verdicts(d, 0.5)
     assert (v.node, v.cause) == ("n4", "hardware")
-    assert drain_reason(v.what, "R", v.attempt) == "trainguard: Xid 79 GPU 0000:18:00 (Faulty GPU), run R attempt 2"
+    expected = "trainguard: Xid 79 GPU 0000:18:00 (Faulty GPU), run R attempt 2"
+    assert drain_reason(v.what, "R", v.attempt) == expected + ME
     software = Diagnosis(time=1.0, attempt=1, category="Software Bug", group="Dependency", confidence=1.0,
                          culprit_hosts=("n4",))
     assert diagnosis_verdicts(software, 0.5) == []
@@ -180,7 +186,7 @@ def test_the_agent_hook_emits_a_record_and_never_raises(tmp_path: Path, monkeypa
     after_admission(cfg, 1, ["injected: node marked unhealthy"], False, emitted.append)
     [record] = emitted
     assert isinstance(record, NodeDrained) and record.status == "drained" and record.cause == "health"
-    assert record.reason == "trainguard: failed health check injected: node marked unhealthy, run job7 attempt 1"
+    assert record.reason == "trainguard: failed health check injected: node marked unhealthy, run job7 attempt 1" + ME
     off = SupervisorConfig(command=("t.py",), run_dir=tmp_path / "run", run_id="job7", node_id="n3",
                            rdzv_endpoint="h:1")
     after_admission(off, 1, ["injected"], False, emitted.append)
@@ -196,7 +202,7 @@ def test_the_agent_hook_emits_a_record_and_never_raises(tmp_path: Path, monkeypa
 
 def test_return_needs_passing_checks_and_a_trainguard_drain() -> None:
     sched = FakeScheduler(NODES)
-    sched.drain("n2", "trainguard: node lost, run R attempt 0")
+    sched.drain("n2", drain_reason("node lost", "R", 0))
     sched.nodes["n3"] = NodeState("n3", "drained", True, "RMA ticket 42", 1.0, "ops")
     results = iter([[CheckResult("gpu_ecc", "high", True)], [CheckResult("gpu_ecc", "high", False, "3 errors")]])
     sleeps: list[float] = []
@@ -268,6 +274,61 @@ def test_failure_path_hooks_decide_off_the_critical_path(tmp_path: Path, monkeyp
     for t in [t for t in threading.enumerate() if t.name == "trainguard-drain"]:
         t.join(10)
     by_node = {r.node: r for r in emitted}
-    assert by_node["n6"].reason == "trainguard: Xid 48 GPU 0000:3b:00 (GPU HBM3 Memory), run job7 attempt 3"
-    assert by_node["n7"].reason == "trainguard: node lost (agent silent for 10 s), run job7 attempt 3"
+    assert by_node["n6"].reason == "trainguard: Xid 48 GPU 0000:3b:00 (GPU HBM3 Memory), run job7 attempt 3" + ME
+    assert by_node["n7"].reason == "trainguard: node lost (agent silent for 10 s), run job7 attempt 3" + ME
     assert {r.status for r in emitted} == {"drained"}
+
+
+def test_a_node_outside_the_allocation_is_never_drained(tmp_path: Path) -> None:
+    """A verdict naming a node of another job (a wrong --node-id, a culprit host read from a log) is refused
+    without a single scheduler call about that node; an unknown allocation refuses everything."""
+    sched, clock = FakeScheduler(NODES, job=["n1", "n2", "n3", "n4"]), [100.0]
+    p = policy(tmp_path, sched, clock, max_share=1.0)
+    record = p.decide(Verdict("n7", "hardware", "Xid 79", 1))
+    assert record.status == "refused" and "not in the job's allocation (4 nodes)" in record.detail
+    assert sched.calls == [] and not sched.nodes["n7"].drained
+    assert "n7" in json.dumps(p.ledger.entries())  # the refusal is in the run's ledger
+    assert p.decide(Verdict("n2", "hardware", "Xid 79", 1)).status == "drained"
+    unknown = FakeScheduler(NODES, job=[])
+    record = policy(tmp_path / "u", unknown, clock, max_share=1.0).decide(Verdict("n2", "lost", "node lost", 0))
+    assert record.status == "refused" and "allocation is unknown" in record.detail and unknown.calls == []
+
+
+def test_the_rate_limit_base_is_the_allocation_not_nnodes_max(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--nnodes 1:8`` on a 4-node allocation: 0.25 of 4 is one drain, not two."""
+    sched = FakeScheduler(NODES, job=["n1", "n2", "n3", "n4"])
+    monkeypatch.setattr("trainguard.health.drain.open_adapter", lambda kind: sched)
+    cfg = SupervisorConfig(command=("t.py",), run_dir=tmp_path / "run", run_id="job7", node_id="n1",
+                           rdzv_endpoint="h:1", min_nodes=1, max_nodes=8,
+                           drain=DrainSettings(max_share=0.25, max_cluster_share=1.0))
+    emitted: list[Any] = []
+    records = drain_verdicts(cfg, [Verdict("n2", "lost", "node lost", 1), Verdict("n3", "lost", "node lost", 1),
+                                   Verdict("n8", "lost", "node lost", 1)], emitted.append)
+    assert [r.status for r in records] == ["drained", "refused", "refused"]
+    assert "of the job's 4 nodes" in records[1].detail and "not in the job's allocation" in records[2].detail
+    assert emitted == records and [c for c in sched.calls if c[0] == "drain"] == [("drain", "n2")]
+
+
+def test_return_only_for_this_users_drains_judged_by_the_nodes_own_rounds() -> None:
+    sched = FakeScheduler(NODES)
+    mine = Owner.current()
+    other = Owner(mine.uid + 1, "mallory", "999")
+    sched.drain("n2", drain_reason("node lost", "R", 0, other))
+    sched.drain("n3", "trainguard: node lost, run R attempt 0")  # no owner tag: cannot say whose
+    sched.drain("n4", drain_reason("node lost", "R", 0, mine))
+    good = [CheckResult("gpu_ecc", "high", True)]
+    refused = return_node(sched, "n2", lambda: good, passes=1)
+    assert refused.status == "refused" and "user mallory" in refused.detail and "job 999" in refused.detail
+    assert return_node(sched, "n3", lambda: good, passes=1).status == "refused"
+    assert sched.nodes["n2"].drained and sched.nodes["n3"].drained and ("resume", "n2") not in sched.calls
+    # judged by rounds the node recorded: too few, a failing one among the last, then enough passing ones
+    bad = (CheckResult("gpu_ecc", "high", False, "3 errors"),)
+    rounds: list[tuple[CheckResult, ...]] = [tuple(good)]
+    out = return_node(sched, "n4", passes=2, recorded=lambda st: rounds)
+    assert out.status == "refused" and "1 health round(s) recorded by node n4" in out.detail
+    rounds = [tuple(good), bad]
+    assert return_node(sched, "n4", passes=2, recorded=lambda st: rounds).status == "unhealthy"
+    rounds = [bad, tuple(good), tuple(good)]
+    out = return_node(sched, "n4", passes=2, recorded=lambda st: rounds)
+    assert out.status == "returned" and not sched.nodes["n4"].drained

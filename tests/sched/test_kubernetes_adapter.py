@@ -94,13 +94,16 @@ def test_drain_policy_and_return_over_kubernetes(api: FakeApiServer, tmp_path: P
     a = adapter(api)
     clock = [1000.0]
     policy = DrainPolicy(DrainSettings(scheduler="kubernetes", max_share=0.34, max_cluster_share=1.0), a,
-                         tmp_path / "run", "r", "gpu-1", job_size=3, clock=lambda: clock[0])
+                         tmp_path / "run", "r", "gpu-1", clock=lambda: clock[0])
     first = policy.decide(Verdict("gpu-3", "lost", "node lost", 0))
     assert first.status == "drained" and first.scheduler == "kubernetes"
     second = policy.decide(Verdict("gpu-2", "health", "failed health check injected", 1))
     assert second.status == "refused" and "rate limit" in second.detail
     assert not api.nodes["gpu-2"]["spec"].get("unschedulable")
-    assert policy.decide(Verdict("gpu-4", "lost", "node lost", 1)).status == "already-drained"
+    # gpu-4 runs no pod of the job (the selector's pods are on gpu-1..3): never drained, not even looked up
+    outside = policy.decide(Verdict("gpu-4", "lost", "node lost", 1))
+    assert outside.status == "refused" and "not in the job's allocation (3 nodes)" in outside.detail
+    assert not any(r["path"].endswith("/gpu-4") for r in api.requests)
 
     def good() -> list[CheckResult]:
         return [CheckResult("injected", "high", True)]

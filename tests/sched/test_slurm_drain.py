@@ -4,6 +4,8 @@ slurmd "nodes" on this machine, tests/sched/_slurm.py). No training: seconds, no
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from tests.e2e.cli import assert_one_line_error, trainguard
 from tests.sched._slurm import SlurmCluster
 from trainguard.health.drain import DrainPolicy, DrainSettings, Verdict
-from trainguard.health.scheduler import open_adapter
+from trainguard.health.scheduler import drain_reason, open_adapter
 from trainguard.health.slurm import SlurmAdapter
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,15 +56,18 @@ def test_rate_limit_with_real_slurm_refuses_the_drain_past_it(slurm: SlurmCluste
     second = policy.decide(Verdict("n3", "health", "failed health check gpu_ecc: 3 errors", 1))
     assert (first.status, second.status) == ("drained", "refused")
     assert "rate limit: 1 of the job's 3 nodes" in second.detail
-    assert reasons(slurm) == {"n2": "trainguard: node lost (agent silent for 10 s), run 12 attempt 0"}
+    [(node, reason)] = reasons(slurm).items()
+    assert node == "n2" and reason.startswith("trainguard: node lost (agent silent for 10 s), run 12 attempt 0")
+    assert reason.endswith("]") and f" [uid {os.getuid()} " in reason  # the user and job that drained it
 
 
 def test_return_node_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = {**slurm.env(), "TRAINGUARD_DB": str(tmp_path / "db" / "fleet.db")}
     a = adapter(slurm)
-    a.drain("n2", "trainguard: node lost, run 12 attempt 0")
+    a.drain("n2", drain_reason("node lost", "12", 0))  # this user's drain
     slurm.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=RMA 4711")
-    base = ["health", "--scheduler", "slurm", "--no-torch", "--no-gpu"]
+    run = tmp_path / "run"  # where the nodes record their own checks (this test process is none of n1..n3)
+    base = ["health", "--scheduler", "slurm", "--no-torch", "--no-gpu", "--run-dir", str(run)]
 
     listed = trainguard(*base, "--drained", "--json", env=env, timeout=60)
     assert listed.code == 0, listed.err
@@ -74,18 +79,29 @@ def test_return_node_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
     r = trainguard(*base, "--return-node", "n1", env=env, timeout=60)
     assert_one_line_error(r, 3)
     assert "not drained" in r.err
+    # from another host, this host's checks say nothing about n2: the node's own recorded rounds are needed
+    r = trainguard(*base[:-2], "--return-node", "n2", env=env, timeout=60)
+    assert_one_line_error(r, 2)
+    assert "this host is not n2" in r.err
+    r = trainguard(*base, "--return-node", "n2", "--passes", "1", env=env, timeout=60)
+    assert_one_line_error(r, 3)
+    assert "0 health round(s) recorded by node n2" in r.err and a.node("n2").drained
 
-    # a failing high-severity check keeps it drained (exit 1)
-    run = tmp_path / "run"
+    # n2 records a failing high-severity check: it stays drained (exit 1)
+    record = [*base, "--node", "n2", "--record"]
     (run / "chaos").mkdir(parents=True)
     (run / "chaos" / "unhealthy-n2").touch()
-    r = trainguard(*base, "--return-node", "n2", "--run-dir", str(run), "--passes", "2", "--pass-interval", "0",
-                   env=env, timeout=60)
+    assert trainguard(*record, env=env, timeout=60).code == 1
+    r = trainguard(*base, "--return-node", "n2", "--passes", "1", env=env, timeout=60)
     assert r.code == 1 and "still drained" in r.out and "injected" in r.out, r
     assert a.node("n2").drained
 
-    r = trainguard(*base, "--return-node", "n2", "--passes", "2", "--pass-interval", "0.2", "--json", env=env,
-                   timeout=60)
+    # two passing rounds recorded by n2 (another node's passing rounds would not count)
+    (run / "chaos" / "unhealthy-n2").unlink()
+    assert trainguard(*base, "--node", "n1", "--record", env=env, timeout=60).code == 0
+    for _ in range(2):
+        assert trainguard(*record, env=env, timeout=60).code == 0
+    r = trainguard(*base, "--return-node", "n2", "--passes", "2", "--json", env=env, timeout=60)
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["status"] == "returned" and doc["passes"] == 2 and doc["before"]["by_trainguard"]
@@ -95,6 +111,51 @@ def test_return_node_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert hosts.code == 0, hosts.err
     [n2] = json.loads(hosts.out)
     assert n2["host"] == "n2" and n2["drains"]["returned"] == 1 and n2["drains"]["state"] == "returned"
+
+
+def test_return_node_refuses_another_users_drain(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A reason starting ``trainguard:`` is not enough: it must name this user (uid), whatever its health."""
+    env = {**slurm.env(), "TRAINGUARD_DB": str(tmp_path / "db" / "fleet.db")}
+    run = tmp_path / "run"
+    base = ["health", "--scheduler", "slurm", "--no-torch", "--no-gpu", "--run-dir", str(run)]
+    other = f"trainguard: node lost, run R attempt 0 [uid {os.getuid() + 4242} bob job 9001]"
+    slurm.run("scontrol", "update", "NodeName=n2", "State=DRAIN", f"Reason={other}")
+    slurm.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=trainguard: node lost, run R attempt 0")
+    for node in ("n2", "n3"):
+        assert trainguard(*base, "--node", node, "--record", env=env, timeout=60).code == 0  # healthy rounds
+    r = trainguard(*base, "--return-node", "n2", "--passes", "1", env=env, timeout=60)
+    assert_one_line_error(r, 3)
+    assert "job 9001 of user bob" in r.err
+    r = trainguard(*base, "--return-node", "n3", "--passes", "1", env=env, timeout=60)
+    assert_one_line_error(r, 3)
+    assert "names no user" in r.err
+    assert reasons(slurm) == {"n2": other,
+                              "n3": "trainguard: node lost, run R attempt 0"}  # both still drained
+
+
+def _running_job(slurm: SlurmCluster, nodes: str, out: Path) -> str:
+    job = slurm.run("sbatch", "--parsable", "-N", str(len(nodes.split(","))), "-w", nodes, f"--output={out}",
+                    "--wrap", "sleep 600").stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while slurm.job_fields(job).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job} not running: {slurm.job_fields(job)}"
+        time.sleep(0.2)
+    return job
+
+
+def test_a_node_outside_the_jobs_allocation_is_not_drained(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The allocation from a real job (scontrol show job) and from SLURM_JOB_NODELIST: n3 is another job's."""
+    job = _running_job(slurm, "n1,n2", tmp_path / "job.out")
+    for i, env in enumerate(({"SLURM_JOB_ID": job}, {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": job})):
+        a = adapter(slurm, **env)
+        assert a.job_nodes() == ["n1", "n2"]
+        policy = DrainPolicy(DrainSettings(scheduler="slurm", max_share=1.0, max_cluster_share=1.0), a,
+                             tmp_path / f"run{i}", "12", "n1")
+        record = policy.decide(Verdict("n3", "hardware", "Xid 79 GPU 0000:18:00 (Faulty GPU)", 1))
+        assert record.status == "refused" and "not in the job's allocation (2 nodes)" in record.detail
+        assert reasons(slurm) == {} and slurm.node_states()["n3"] == "idle"
+    assert policy.decide(Verdict("n2", "hardware", "Xid 79", 1)).status == "drained"  # its own node: yes
+    assert set(reasons(slurm)) == {"n2"}
 
 
 def test_run_drain_flag_needs_a_scheduler(slurm: SlurmCluster, tmp_path: Path) -> None:

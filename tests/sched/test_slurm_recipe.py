@@ -10,7 +10,7 @@ One job, an unmodified plain DDP script on n1, n2, n3 (one gloo rank each), with
 3. n1 alone is below ``MIN_NODES=2``: its rendezvous times out (exit 1, "restart me"), and the batch script
    requeues the job with ``ExcNodeList=n3``.
 4. n2 is repaired (its slurmd restarted: still drained); ``trainguard health --return-node`` refuses n3 (not
-   drained) and a node an operator drained, and returns n2 after two passing check rounds.
+   drained) and a node an operator drained, and returns n2 after two passing check rounds n2 recorded.
 5. The requeued job runs on n1 and n2 and completes from the script's own checkpoint; ``trainguard report``
    adds up; ``trainguard hosts`` shows n2 drained and returned.
 
@@ -33,6 +33,7 @@ import pytest
 from tests.e2e._run_helpers import free_port
 from tests.e2e.cli import trainguard
 from tests.sched._slurm import SlurmCluster
+from trainguard.health.scheduler import Owner
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "slurm" / "trainguard.sbatch"
@@ -116,10 +117,11 @@ def test_recipe_survives_node_death_and_failed_check_then_requeues_without_the_b
     assert [s for s, _ in statuses] == ["drained", "refused"], drained
     bad, spared = statuses[0][1], statuses[1][1]
     assert "rate limit: 1 of the job's 3 nodes drained" in by_node[spared]["detail"], drained
-    expected_reason = {"n2": "trainguard: node lost (agent silent for 4 s), run {job} attempt 0",
+    owner = Owner(os.getuid(), Owner.current().user, job).tag()  # the agents run as this user, in this job
+    expected_reason = {"n2": f"trainguard: node lost (agent silent for 4 s), run {job} attempt 0{owner}",
                        "n3": "trainguard: failed health check injected: node marked unhealthy by fault injection"}
     reasons = slurm.run("sinfo", "-h", "-R", "-o", "%N|%E").stdout
-    assert f"{bad}|{expected_reason[bad].format(job=job)}" in reasons, reasons
+    assert f"{bad}|{expected_reason[bad]}" in reasons, reasons
     assert spared not in reasons  # the refused drain left it alone
     excluded = {r["node"] for r in records(run_dir, "agent-") if r["type"] == "node_excluded"}
     assert {"n2", "n3"} <= excluded
@@ -128,14 +130,22 @@ def test_recipe_survives_node_death_and_failed_check_then_requeues_without_the_b
     slurm.restart_node("n2")
     assert "drain" in slurm.run("scontrol", "show", "node", "-o", bad).stdout.lower()
     cli_env = {**slurm.env(), "TRAINGUARD_DB": str(db)}
-    r = trainguard("health", "--return-node", spared, "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
+    checks = shared / "health"  # where the nodes record their own checks (this test process is none of them)
+    r = trainguard("health", "--return-node", spared, "--scheduler", "slurm", "--no-torch", "--run-dir",
+                   str(checks), timeout=60, env=cli_env)
     assert r.code == 3 and "not drained" in r.err, r
     slurm.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=fan replaced, burn-in")
-    r = trainguard("health", "--return-node", "n1", "--scheduler", "slurm", "--no-torch", timeout=60, env=cli_env)
+    r = trainguard("health", "--return-node", "n1", "--scheduler", "slurm", "--no-torch", "--run-dir", str(checks),
+                   timeout=60, env=cli_env)
     assert r.code == 3 and "not by trainguard" in r.err and "fan replaced" in r.err, r
     slurm.run("scontrol", "update", "NodeName=n1", "State=RESUME")
+    # the repaired node records its own checks (its periodic health job); the return is judged by those
+    for _ in range(2):
+        r = trainguard("health", "--node", bad, "--record", "--run-dir", str(checks), "--no-torch", "--no-gpu",
+                       timeout=60, env=cli_env)
+        assert r.code == 0, r
     r = trainguard("health", "--return-node", bad, "--scheduler", "slurm", "--no-torch", "--no-gpu", "--passes",
-                   "2", "--pass-interval", "0.5", "--json", timeout=60, env=cli_env)
+                   "2", "--run-dir", str(checks), "--json", timeout=60, env=cli_env)
     assert r.code == 0, r
     assert json.loads(r.out)["status"] == "returned"
     assert "drain" not in slurm.run("scontrol", "show", "node", "-o", bad).stdout.lower()

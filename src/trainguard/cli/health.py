@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also append the results as events to <run-dir>/events/health-<node>.jsonl")
     nodes = parser.add_argument_group("drained nodes (docs/operations.md)")
     nodes.add_argument("--return-node", metavar="NODE",
-                       help="run on NODE: resume it in the scheduler after --passes consecutive passing checks; "
-                            "refused (exit 3) unless trainguard drained it")
+                       help="resume NODE in the scheduler after --passes consecutive passing checks: run here "
+                            "when this host is NODE, else NODE's rounds recorded in --run-dir (health --record on "
+                            "NODE); refused (exit 3) unless trainguard drained it for this user")
     nodes.add_argument("--passes", type=int, default=3, metavar="N",
                        help="with --return-node: consecutive passing check rounds needed (default 3)")
     nodes.add_argument("--pass-interval", type=float, default=60.0, metavar="SECONDS",
@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
     results = run_checks(config)
     if args.record:
         from trainguard.core.rundir import RunDir
+        from trainguard.health.node_rounds import writer_name
 
-        writer_name = "health-" + re.sub(r"[^A-Za-z0-9_.@-]", "_", node)
-        with RunDir(args.run_dir).create().writer(writer_name) as w:
+        with RunDir(args.run_dir).create().writer(writer_name(node)) as w:
             for r in results:
                 w.write(r.to_event(node))
     if args.json:

@@ -1,7 +1,9 @@
 """``trainguard health --return-node NODE`` and ``trainguard health --drained``: the way back for drained nodes.
 
-A node trainguard drained (`trainguard.health.drain`) is resumed after ``--passes`` consecutive passing rounds of
-this node's health checks; a node drained by anyone else, or not drained, is refused (exit 3). A return is
+A node trainguard drained for this user (`trainguard.health.drain`) is resumed after ``--passes`` consecutive
+passing rounds of that node's own health checks: run here when this host is the node, else the rounds the node
+recorded in ``--run-dir`` (`trainguard.health.node_rounds`). A node drained by anyone else, for another user, or
+not drained is refused (exit 3). A return is
 recorded as a ``node_returned`` event in the maintenance folder beside the fleet database and indexed there,
 so ``trainguard hosts`` shows it (and flags a node drained again soon after).
 """
@@ -82,6 +84,7 @@ def return_node(args: argparse.Namespace, config_for: Callable[[argparse.Namespa
     from trainguard.health import run_checks
     from trainguard.health.drain import return_node as do_return
     from trainguard.health.fleetdb import default_db_path
+    from trainguard.health.node_rounds import on_this_host, recorded_rounds
     from trainguard.health.scheduler import open_adapter
 
     node = args.return_node
@@ -92,9 +95,17 @@ def return_node(args: argparse.Namespace, config_for: Callable[[argparse.Namespa
     if not 0 <= args.pass_interval <= 86400:
         raise UsageError("--pass-interval must be from 0 to 86400 seconds")
     config = config_for(args, node)
+    local = on_this_host(node)
+    if not local and args.run_dir is None:
+        raise UsageError(f"--return-node {node}: this host is not {node}; run it on {node}, or give --run-dir "
+                         f"holding {node}'s own recorded checks (trainguard health --record on {node})")
     adapter = open_adapter(args.scheduler)
-    outcome = do_return(adapter, node, lambda: run_checks(config), passes=args.passes,
-                        interval_seconds=args.pass_interval)
+    if local:
+        outcome = do_return(adapter, node, lambda: run_checks(config), passes=args.passes,
+                            interval_seconds=args.pass_interval)
+    else:  # this host's checks say nothing about the node: judge it by what it recorded itself
+        run_dir = args.run_dir
+        outcome = do_return(adapter, node, passes=args.passes, recorded=lambda st: recorded_rounds(run_dir, st))
     recorded = None
     if outcome.status == "returned":
         db = args.db or default_db_path()

@@ -365,8 +365,9 @@ class NodeDrained(Event):
     TYPE: ClassVar[str] = "node_drained"
     node: str
     status: str
-    """``drained`` (the scheduler took it), ``refused`` (the rate limit said no), ``failed`` (the scheduler
-    could not be told) or ``already-drained`` (someone drained it before; nothing changed)."""
+    """``drained`` (the scheduler took it), ``refused`` (a limit said no, or the node is not in the job's
+    allocation), ``failed`` (the scheduler could not be told) or ``already-drained`` (someone drained it before;
+    nothing changed)."""
     cause: str = ""
     """The verdict: ``hardware`` (a GPU, host or network root cause naming this host), ``health`` (a failed
     high-severity check), ``lost`` (the node stopped beating) or ``lemon`` (fleet history)."""

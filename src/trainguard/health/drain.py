@@ -2,14 +2,17 @@
 
 A node-level verdict (a hardware root cause naming the host, a failed high-severity health check, a lost node,
 a lemon flag) can drain that node in the scheduler (`trainguard.health.scheduler.SchedulerAdapter`), so no
-later job lands on it either. It is opt-in (``trainguard run --drain-bad-nodes``) and rate-limited: within
-``window_seconds`` a run drains at most ``max_share`` of its job's nodes, and never while trainguard's drains
+later job lands on it either. Only a node of the job's own allocation (the scheduler's list of the job's nodes)
+is ever drained: any other is refused without a scheduler call. It is opt-in (``trainguard run
+--drain-bad-nodes``) and rate-limited: within ``window_seconds`` a run drains at most ``max_share`` of its
+allocation, and never while trainguard's drains
 would exceed ``max_cluster_share`` of the cluster, so a wrong rule cannot empty a cluster. Every decision,
 taken or refused, is a `NodeDrained` record. The decisions of all agents of a run go through one ledger in the
 run directory (``drains/``, under a file lock), so two nodes deciding at once still respect the limit.
 
-`return_node` is the way back: a node trainguard drained is resumed after N consecutive passing health checks;
-a node drained by anyone else (or not drained) is refused. See docs/operations.md.
+`return_node` is the way back: a node trainguard drained for this user (the owner tag of its reason) is resumed
+after N consecutive passing health checks of that node; a node drained by anyone else, for another user, or not
+drained is refused. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from trainguard.health.base import CheckResult, healthy
 from trainguard.health.scheduler import (
     SCHEDULERS,
     NodeState,
+    Owner,
     SchedulerAdapter,
     SchedulerError,
     by_trainguard,
@@ -59,8 +63,8 @@ class DrainSettings:
     scheduler: str = "auto"
     """``auto`` (Slurm inside a Slurm job, Kubernetes inside a pod), ``slurm`` or ``kubernetes``."""
     max_share: float = 0.25
-    """At most this share of the job's nodes drained per window (0.25 of 8 nodes: 2). A job with fewer than
-    1 / max_share nodes drains none."""
+    """At most this share of the job's allocation drained per window (0.25 of 8 nodes: 2). A job with fewer
+    than 1 / max_share nodes drains none."""
     window_seconds: float = 3600.0
     """The rate limit's window."""
     max_cluster_share: float = 0.1
@@ -182,9 +186,9 @@ class DrainPolicy:
     run_id: str
     host: str
     """The agent deciding (the ``host`` of the records)."""
-    job_size: int = 0
-    """Nodes of the job as trainguard knows them (``--nnodes`` MAX); the scheduler's count is used when larger."""
     clock: Callable[[], float] = time.time
+    owner: Owner = field(default_factory=Owner.current)
+    """Written into every reason, so that only this user can return the node (`return_node`)."""
     ledger: DrainLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -194,11 +198,10 @@ class DrainPolicy:
         return NodeDrained(time=self.clock(), host=self.host, node=v.node, status=status, cause=v.cause,
                            reason=reason, scheduler=self.adapter.name, attempt=v.attempt, detail=detail)
 
-    def _limits(self, now: float, entries: list[dict[str, Any]]) -> str | None:
-        """Why one more drain would break a limit, or None."""
+    def _limits(self, now: float, entries: list[dict[str, Any]], job: int) -> str | None:
+        """Why one more drain would break a limit (``job``: the allocation's size), or None."""
         s = self.settings
         recent = [e for e in entries if e.get("status") == "drained" and now - float(e["time"]) <= s.window_seconds]
-        job = max(len(set(self.adapter.job_nodes())), self.job_size)
         allowed = s.max_share * job
         if len(recent) + 1 > allowed + 1e-9:
             return (f"rate limit: {len(recent)} of the job's {job} nodes drained in the last "
@@ -214,7 +217,7 @@ class DrainPolicy:
     def decide(self, verdict: Verdict) -> NodeDrained:
         """Drain ``verdict.node`` unless a limit or the node's state says no; the record says what happened.
         Never raises for a scheduler problem (that is a ``failed`` record)."""
-        reason = drain_reason(verdict.what, self.run_id, verdict.attempt)
+        reason = drain_reason(verdict.what, self.run_id, verdict.attempt, self.owner)
         if verdict.cause not in self.settings.causes:
             return self.decision_record(verdict, "refused", reason, f"cause {verdict.cause} is not enabled")
         with self.ledger.locked():
@@ -230,13 +233,23 @@ class DrainPolicy:
     def _decide_locked(self, verdict: Verdict, reason: str) -> NodeDrained:
         now = self.clock()
         entries = self.ledger.entries()
+        # The allocation is asked first: a node of another job (a wrong --node-id, a forged culprit host in a
+        # log line) must not even be looked up, let alone drained.
+        allocation = set(self.adapter.job_nodes())
+        if not allocation:
+            return self.decision_record(verdict, "refused", reason, "the job's allocation is unknown (no "
+                                        f"{self.adapter.name} job nodes found): trainguard drains only its own "
+                                        "job's nodes")
+        if verdict.node not in allocation:
+            return self.decision_record(verdict, "refused", reason, f"node {verdict.node} is not in the job's "
+                                        f"allocation ({len(allocation)} nodes): never drained")
         if any(e.get("node") == verdict.node and e.get("status") == "drained" for e in entries):
             return self.decision_record(verdict, "already-drained", reason, "this run drained it before")
         state = self.adapter.node(verdict.node)
         if state.drained:
             who = "trainguard" if state.by_trainguard else (state.by or "someone")
             return self.decision_record(verdict, "already-drained", reason, f"drained by {who}: {state.reason}")
-        why = self._limits(now, entries)
+        why = self._limits(now, entries, len(allocation))
         if why is not None:
             return self.decision_record(verdict, "refused", reason, why)
         self.adapter.drain(verdict.node, reason)
@@ -266,13 +279,14 @@ def drain_verdicts(cfg: Any, verdicts: Iterable[Verdict], emit: Callable[[Event]
             emit(record)
             out.append(record)
         return out
-    policy = DrainPolicy(settings, adapter, Path(cfg.run_dir), cfg.run_id, cfg.node_id, job_size=cfg.max_nodes)
+    policy = DrainPolicy(settings, adapter, Path(cfg.run_dir), cfg.run_id, cfg.node_id)
     for v in verdicts:
         try:
             record = policy.decide(v)
         except Exception as exc:  # a broken ledger folder, a bug: say so, keep recovering
             log.warning("drain of %s failed: %s", v.node, exc)
-            record = policy.decision_record(v, "failed", drain_reason(v.what, cfg.run_id, v.attempt), str(exc))
+            record = policy.decision_record(v, "failed", drain_reason(v.what, cfg.run_id, v.attempt, policy.owner),
+                                            str(exc))
         if record.status == "drained":
             log.warning("drained node %s in %s: %s", v.node, adapter.name, record.reason)
         elif record.status in ("refused", "failed"):
@@ -349,53 +363,87 @@ class ReturnOutcome:
     """What `return_node` did."""
 
     status: str
-    """``returned``, ``refused`` (not drained, or not by trainguard) or ``unhealthy`` (a check failed: still
-    drained)."""
+    """``returned``, ``refused`` (not drained, not by trainguard, not for this user, or no health results of
+    the node to judge by) or ``unhealthy`` (a check failed: still drained)."""
     node: str
+    """The node asked about."""
     detail: str
+    """Why, in one line."""
     passes: int = 0
+    """Consecutive passing check rounds seen."""
     state: NodeState | None = None
     """The node as it was before the return."""
     results: tuple[CheckResult, ...] = ()
     """The last round of checks."""
 
 
-def refusal(state: NodeState) -> str | None:
-    """Why ``state``'s node must not be returned by trainguard, or None."""
+Rounds = Callable[[NodeState], Sequence[Sequence[CheckResult]]]
+"""Health rounds the node itself recorded since it was drained (given its state), oldest first."""
+
+
+def refusal(state: NodeState, uid: int | None = None) -> str | None:
+    """Why ``state``'s node must not be returned by trainguard for user ``uid`` (None: this process's), or None."""
     if not state.drained:
         return f"node {state.node} is not drained (state {state.state})"
     if not state.by_trainguard:
         who = f" by {state.by}" if state.by else ""
         return (f"node {state.node} was drained{who} for {state.reason or 'no reason given'!r}, not by "
                 "trainguard: resume it with the scheduler's own tools")
+    owner = state.owner
+    uid = os.getuid() if uid is None else uid
+    if owner is None:
+        return (f"node {state.node} was drained for {state.reason!r}, which names no user: resume it with the "
+                "scheduler's own tools")
+    if owner.uid != uid:
+        return (f"node {state.node} was drained by trainguard for job {owner.job} of user {owner.user} (uid "
+                f"{owner.uid}), not for uid {uid}: only that user (or the scheduler's own tools) returns it")
     return None
 
 
-def return_node(adapter: SchedulerAdapter, node: str, check: Callable[[], Sequence[CheckResult]], *,
-                passes: int = 3, interval_seconds: float = 60.0,
-                sleep: Callable[[float], None] = time.sleep) -> ReturnOutcome:
-    """Resume ``node`` after ``passes`` consecutive passing rounds of ``check`` (the node's health checks),
-    ``interval_seconds`` apart, if trainguard drained it. `SchedulerError` when the scheduler fails."""
+def _failures(results: Sequence[CheckResult]) -> str:
+    return "; ".join(f"{r.name}: {r.detail}" for r in results if not r.ok and r.severity == "high")
+
+
+def return_node(adapter: SchedulerAdapter, node: str, check: Callable[[], Sequence[CheckResult]] | None = None, *,
+                passes: int = 3, interval_seconds: float = 60.0, sleep: Callable[[float], None] = time.sleep,
+                recorded: Rounds | None = None, uid: int | None = None) -> ReturnOutcome:
+    """Resume ``node`` if trainguard drained it for user ``uid`` (None: this process's) and it passed ``passes``
+    consecutive health rounds: run here with ``check`` (on the node itself), ``interval_seconds`` apart, or the
+    last ``passes`` rounds of ``recorded`` (results the node recorded; from anywhere). `SchedulerError` when the
+    scheduler fails."""
     if passes < 1:
         raise ValueError("passes must be at least 1")
+    if (check is None) == (recorded is None):
+        raise ValueError("give exactly one of check and recorded")
     try:
         state = adapter.node(node)
     except KeyError:
         return ReturnOutcome("refused", node, f"the scheduler does not know node {node}")
-    why = refusal(state)
+    why = refusal(state, uid)
     if why is not None:
         return ReturnOutcome("refused", node, why, state=state)
     results: tuple[CheckResult, ...] = ()
-    for i in range(passes):
-        if i:
-            sleep(interval_seconds)
-        results = tuple(check())
-        if not healthy(results):
-            bad = [f"{r.name}: {r.detail}" for r in results if not r.ok and r.severity == "high"]
-            return ReturnOutcome("unhealthy", node, f"check round {i + 1} of {passes} failed: " + "; ".join(bad),
-                                 passes=i, state=state, results=results)
+    if recorded is not None:
+        rounds = [tuple(r) for r in recorded(state)][-passes:]
+        if len(rounds) < passes:
+            return ReturnOutcome("refused", node, f"{len(rounds)} health round(s) recorded by node {node} since it "
+                                 f"was drained, {passes} needed: run `trainguard health --record` on it",
+                                 state=state, results=rounds[-1] if rounds else ())
+        for i, results in enumerate(rounds):
+            if not healthy(results):
+                return ReturnOutcome("unhealthy", node, f"recorded round {i + 1} of the last {passes} failed: "
+                                     + _failures(results), passes=i, state=state, results=results)
+    else:
+        assert check is not None
+        for i in range(passes):
+            if i:
+                sleep(interval_seconds)
+            results = tuple(check())
+            if not healthy(results):
+                return ReturnOutcome("unhealthy", node, f"check round {i + 1} of {passes} failed: "
+                                     + _failures(results), passes=i, state=state, results=results)
     again = adapter.node(node)  # someone may have drained it for another reason meanwhile
-    why = refusal(again)
+    why = refusal(again, uid)
     if why is not None:
         return ReturnOutcome("refused", node, why, passes=passes, state=again, results=results)
     adapter.resume(node)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UsageError
-from trainguard.health.scheduler import NodeState, SchedulerError
+from trainguard.health.sched_base import NodeState, SchedulerError
 
 TAINT_KEY = "trainguard.io/unhealthy"
 REASON_ANNOTATION = "trainguard.io/drain-reason"

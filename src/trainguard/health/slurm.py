@@ -13,7 +13,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from trainguard.health.scheduler import NodeState, SchedulerError
+from trainguard.health.hostlist import expand
+from trainguard.health.sched_base import NodeState, SchedulerError
 
 DEFAULT_TIMEOUT_SECONDS = 15.0
 """Limit for one ``scontrol``/``sinfo`` call (slurmctld answers in milliseconds when healthy)."""
@@ -39,8 +40,8 @@ def _state_flags(line: str) -> tuple[str, ...]:
 
 
 class SlurmAdapter:
-    """Drain, resume and list Slurm nodes. ``environ`` is the environment the commands run with (SLURM_CONF,
-    SLURM_JOB_NODELIST: the job's nodes); None = this process's."""
+    """Drain, resume and list Slurm nodes. ``environ`` is the environment the commands run with (SLURM_CONF;
+    SLURM_JOB_NODELIST or SLURM_JOB_ID: the job's nodes); None = this process's."""
 
     name = "slurm"
 
@@ -119,10 +120,20 @@ class SlurmAdapter:
         return [s for s in states if s.drained]
 
     def job_nodes(self) -> list[str]:
-        nodelist = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST")
-        if not nodelist:
-            return []
-        return [n for n in self._run(self.scontrol, "show", "hostnames", nodelist).split() if n]
+        """The job's allocation: ``SLURM_JOB_NODELIST`` expanded here (no slurmctld call), else the ``NodeList``
+        of ``scontrol show job $SLURM_JOB_ID``; empty outside a job or before it has nodes."""
+        nodelist = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
+        job = self.environ.get("SLURM_JOB_ID", "")
+        if not nodelist and job:
+            for token in self._run(self.scontrol, "show", "job", "-o", job).split():
+                if token.startswith("NodeList="):
+                    nodelist = token[len("NodeList="):]
+            if nodelist == "(null)":  # pending: no nodes yet
+                nodelist = ""
+        try:
+            return expand(nodelist)
+        except ValueError as exc:
+            raise SchedulerError(f"the job's node list: {exc}") from None
 
     def cluster_nodes(self) -> list[str]:
         return [row[0] for row in self._sinfo()]
