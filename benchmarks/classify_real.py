@@ -1,9 +1,10 @@
 """Benchmark: `trainguard classify` on real log excerpts from public threads (tests/unit/corpus/real).
 
-Each case of the corpus's manifest names the category its thread established and its split (``dev`` or
-``heldout``, fixed by a hash of the id before any rule was written for it). Prints one JSON object: accuracy
-on each half and in all, the confusion table (expected -> answered -> count), the confidence bands (answers
-at >= 0.9, 0.7-0.9, 0.5-0.7, < 0.5: how many, how many right) and every case's answer.
+Each case of the corpus's manifest names the category its thread established, its split (``dev`` or
+``heldout``, fixed by a hash of the id before any rule was written for it) and its collection batch (1: before
+the issue-32 rules were written, 2: after). Prints one JSON object: accuracy on each half, per batch and in
+all, the confusion table (expected -> answered -> count), the confidence bands (answers at >= 0.9, 0.7-0.9,
+0.5-0.7, < 0.5: how many, how many right) and every case's answer.
 Usage: ``python benchmarks/classify_real.py [--out FILE]``.
 """
 
@@ -36,7 +37,7 @@ def evaluate(corpus: Path = CORPUS) -> dict[str, Any]:
     results = []
     for case in cases:
         [c] = classify_paths([corpus / case["file"]])
-        results.append({"id": case["id"], "split": case["split"], "kind": case["kind"],
+        results.append({"id": case["id"], "split": case["split"], "batch": case.get("batch", 1), "kind": case["kind"],
                         "expected": case["category"], "answer": c.category,
                         "confidence": round(c.confidence, 3), "right": c.category == case["category"]})
     doc: dict[str, Any] = {"benchmark": "classify_real", "cases": len(results)}
@@ -44,6 +45,11 @@ def evaluate(corpus: Path = CORPUS) -> dict[str, Any]:
         part = [r for r in results if r["split"] == split]
         doc[split] = {"right": sum(r["right"] for r in part), "total": len(part),
                       "accuracy": round(sum(r["right"] for r in part) / len(part), 3) if part else None}
+    for batch in sorted({r["batch"] for r in results}):
+        part = [r for r in results if r["batch"] == batch]
+        doc[f"batch_{batch}"] = {split: {"right": sum(r["right"] for r in part if r["split"] == split),
+                                         "total": sum(r["split"] == split for r in part)}
+                                 for split in ("dev", "heldout")}
     doc["all"] = {"right": sum(r["right"] for r in results), "total": len(results),
                   "accuracy": round(sum(r["right"] for r in results) / len(results), 3) if results else None}
     confusion: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

@@ -74,6 +74,7 @@ def test_an_elided_pci_address_still_gives_the_xid() -> None:
     "Dec 17 16:03:58Z node-01 start-worker 2024/12/17 16:03:58 GCP Metadata Service says termination is imminent",
     "2025-03-31T16:32:36Z worker: EC2 Spot Instance Interruption Warning received for the instance",
     "Instance was preempted.",
+    "slurmstepd: error: *** JOB 4242 ON node-01 CANCELLED AT 2026-06-18T13:05:36 DUE TO PREEMPTION ***",
 ])
 def test_cloud_termination_is_host_maintenance_and_explains_the_timeouts(line: str) -> None:
     c = classify_text("\n".join([line, TIMEOUT.format(r=3, seq=12, op="ALLREDUCE")]), "k")
@@ -109,3 +110,14 @@ def test_ranks_timing_out_in_different_collectives_are_a_desync() -> None:
     pgs = ["[PG ID 0 PG GUID 0 Rank 0] " + TIMEOUT.format(r=0, seq=5, op="ALLREDUCE").split("] ", 1)[1],
            "[PG ID 1 PG GUID 1 Rank 1] " + TIMEOUT.format(r=1, seq=90, op="ALLREDUCE").split("] ", 1)[1]]
     assert classify_text("\n".join(pgs), "k").category == "NCCL Watchdog Timeouts"
+
+
+def test_a_crash_inside_nccl_is_the_release_and_weaker_than_hardware() -> None:
+    frames = ["[node-01:288505:0:296459] Caught signal 11 (Segmentation fault: address not mapped to object at "
+              "address 0x48)",
+              " 3  /opt/nccl/lib/libnccl.so(+0x120057) [0x7ff1c18c1057]",
+              " 4  /usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x12209d) [0x7ff1c18c309d]"]
+    c = classify_text("\n".join(frames), "k")
+    assert c.category == "Dependency" and "NCCL" in c.explanation
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    assert classify_text("\n".join([xid, *frames]), "k").category == "Faulty GPU"
