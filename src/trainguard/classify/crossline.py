@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("simultaneous", "jump", "divergence")
+KINDS = ("simultaneous", "jump", "divergence", "busy", "desync")
 _KEY = re.compile(r"\b(?:step|iter(?:ation)?|batch)\s*[=:#]?\s*(\d+)", re.IGNORECASE)
 
 
@@ -41,7 +41,11 @@ class CrossLine:
     ``min_rise`` within ``within_s`` while every other sensor rises by less than ``calm`` (an optional group
     ``index`` is part of the sensor's name: one metric over many GPUs); ``divergence``: among
     at least ``min_replicas`` rows of the ``readings`` rule (groups ``replica``, ``value``; rows grouped by their
-    step number), all replicas but one agree."""
+    step number), all replicas but one agree; ``busy``: a line of the ``readings`` rule (rank-local work: saving,
+    evaluating, preparing data) is followed, within ``within_s``, by a hit of ``categories`` (collective
+    timeouts): the others waited for the busy rank; ``desync``: the ``readings`` rule's timeout rows (groups
+    ``replica``, ``seq``, ``op``, optional ``pg``) of at least two ranks of one process group name different
+    collectives (sequence number or type): the ranks disagree about which collective comes next."""
     category: str
     confidence: float
     explain: str
@@ -85,7 +89,8 @@ def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, A
     readings = str(d.get("readings", ""))
     if kind != "simultaneous":
         rule = rules.get(readings)
-        need = ("sensor", "value") if kind == "jump" else ("replica", "value")
+        need = {"jump": ("sensor", "value"), "divergence": ("replica", "value"), "busy": (),
+                "desync": ("replica", "seq", "op")}[str(kind)]
         if rule is None or any(g not in rule.pattern.groupindex for g in need):
             raise InputError(f"{where}: readings must name a rule with groups {', '.join(need)}")
     return CrossLine(
@@ -192,6 +197,39 @@ def _divergence(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
     return out
 
 
+def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
+    waits = sorted((h for h in kept if h.category in c.categories), key=lambda h: h.order)
+    if not waits:
+        return []
+    first = waits[0]
+    before = [h for h in work if h.order < first.order and h.file == first.file]
+    if not before:
+        return []
+    busy = max(before, key=lambda h: h.order)  # the work nearest before the first timeout
+    if busy.time is not None and first.time is not None and busy.time[0] == first.time[0] \
+            and first.time[1] - busy.time[1] > c.within_s:
+        return []
+    return [_synthetic(c, busy, busy.order, f"{busy.text.strip()[:120]!r}, then {len(waits)} timeout line(s)")]
+
+
+def _desync(c: CrossLine, rule: Rule, rows: list[Hit]) -> list[Hit]:
+    groups: dict[str, dict[str, tuple[Hit, tuple[str, str]]]] = {}
+    for h in sorted(rows, key=lambda h: h.order):
+        m = rule.pattern.search(h.text)
+        if m is None:
+            continue
+        pg = (m.groupdict().get("pg") or "")
+        groups.setdefault(pg, {}).setdefault(m.group("replica"), (h, (m.group("seq"), m.group("op"))))
+    for pg, ranks in groups.items():
+        if len(ranks) < 2 or len({w for _, w in ranks.values()}) < 2:
+            continue
+        seen = sorted(ranks.items(), key=lambda kv: kv[1][0].order)
+        h = seen[0][1][0]
+        text = "; ".join(f"rank {r} at {op} #{seq}" for r, (_, (seq, op)) in seen[:6])
+        return [_synthetic(c, h, h.order, text + (f" (process group {pg})" if pg else ""))]
+    return []
+
+
 def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
     """``hits`` without the lines of readings rules, plus the hits every crossline analysis adds."""
     if not rules.crosslines:
@@ -209,6 +247,10 @@ def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
     for c in rules.crosslines:
         if c.kind == "simultaneous":
             added += _simultaneous(c, kept, by_cat, -1 - len(added), rules.strong_confidence)
+        elif c.kind == "busy":
+            added += _busy(c, series.get(c.readings, []), kept)
+        elif c.kind == "desync" and c.readings in series:
+            added += _desync(c, by_id[c.readings], series[c.readings])
         elif c.readings in series:
             fn = _jumps if c.kind == "jump" else _divergence
             added += fn(c, by_id[c.readings], series[c.readings])

@@ -156,7 +156,7 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
                    if h.order != cause.order and h.explained_by is None and h.category in ex.categories
                    and h.category != cause.category and (not ex.rules or h.rule in ex.rules)
                    and _before(cause, h, window) and _related(ex, cause, h, acc, endpoints)]
-        components = {h.device or h.gpu or f"{h.file}:{h.line}" for h in effects}
+        components = {_component(h.device or h.gpu) or f"{h.file}:{h.line}" for h in effects}
         if not effects or len(components) < ex.min_devices:
             continue
         log.debug("%s:%d explains %d later line(s)", cause.file, cause.line, len(effects))
@@ -174,6 +174,12 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
         if root is not h:
             attributed[order] = root.category
     return list(current.values()), attributed
+
+
+def _component(device: str | None) -> str | None:
+    """The physical device of a PCI function: a GPU's audio function (``0000:03:00.1``) is the GPU
+    (``0000:03:00``), so a GPU with its two functions counts as one device, not two."""
+    return device.rsplit(".", 1)[0] if device and device.count(":") == 2 and "." in device else device
 
 
 def explainers(rules: RuleSet) -> dict[str, Explains]:

@@ -250,6 +250,9 @@ def analyze(col: LinkCollector, topo: Topology | None = None) -> LinkReport | No
     coverage = _coverage(failing, topo)
     named = set(coverage)
     n = len(failing)
+    if not coverage:  # failing lines that name no host, port or peer (a bare "port error" with no prefix)
+        return LinkReport(shared=None, explanation=f"no common element: {n} failing pair(s) name no host, "
+                          "port or peer", **base)
     best_overall = max(coverage.values()) / n
     ranked = sorted(named, key=lambda e: (-coverage[e], LEVELS.index(e[0]), _name(e)))
     cands = tuple((e[0], _name(e), coverage[e] / n) for e in ranked[:5])

@@ -131,6 +131,9 @@ class Rule:
     keep: int = 5
     """Matching lines kept as hits (more are only counted); a `crossline` analysis that reads a series (sensor
     readings, per-replica checksums) needs more."""
+    detail: str = ""
+    """A ``str.format`` template over the pattern's named groups, appended to ``explain`` (after ": ") when every
+    group it names matched: the versions of a mismatch, the architecture missing from a build."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,19 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         explains=_explains(where, d.get("explains")),
         supersedes=tuple(supersedes),
         keep=_keep(where, d.get("keep", 5)),
+        detail=_detail(where, d.get("detail", ""), pattern.pattern),
     )
+
+
+def _detail(where: str, value: Any, pattern: str) -> str:
+    """A rule's ``detail`` template, checked against the groups its pattern names."""
+    if not isinstance(value, str):
+        raise _fail(where, "detail must be a string")
+    fields = set(re.findall(r"\{(\w+)\}", value))
+    named = set(re.findall(r"\(\?P<(\w+)>", pattern))
+    if fields - named:
+        raise _fail(where, f"detail names group(s) the pattern lacks: {', '.join(sorted(fields - named))}")
+    return value
 
 
 def _keep(where: str, value: Any) -> int:

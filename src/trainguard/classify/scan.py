@@ -305,6 +305,8 @@ class Scanner:
             device = normalize_pci(groups.get("device")) or gpu or line_device
             # a rule that captures the module it is about names it (a missing package: which one)
             explain = f"{r.explain}: {groups['module']}" if groups.get("module") else r.explain
+            if r.detail:
+                explain = _with_detail(explain, r.detail, groups)
             acc.add(Hit(r.id, r.category, r.confidence, r.tier, explain, file, lineno, shown, acc.next_order(),
                         gpu=gpu, host=groups.get("host") or host, device=device, time=when), r.keep)
 
@@ -447,3 +449,13 @@ def _set_options() -> Any:
     options.log_errors = False
     options.encoding = re2.Options.Encoding.LATIN1
     return options
+
+
+_FIELD = re.compile(r"\{(\w+)\}")
+
+
+def _with_detail(explain: str, template: str, groups: dict[str, str | None]) -> str:
+    """``explain`` with the rule's detail appended, when every group the template names matched."""
+    if any(not groups.get(name) for name in _FIELD.findall(template)):
+        return explain
+    return f"{explain}: {template.format_map(groups)}"

@@ -1,0 +1,123 @@
+"""Issue 32's signatures: environment and version failures named with their versions, a GPU's own fatal PCIe
+link, cloud preemption, and collective timeouts whose cause shows in the log (a busy rank, a desync).
+Lines written in the formats the real threads of tests/unit/corpus/real show."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.classify import classify_text, load_rules
+from trainguard.classify.engine import _component
+from trainguard.errors import InputError
+
+TIMEOUT = ("[rank{r}]:[E1130 07:41:02.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=8, NumelOut=8, Timeout(ms)=600000) ran for 600061 "
+           "milliseconds before timing out.")
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("UserWarning: NVIDIA H100 with CUDA capability sm_90 is not compatible with the current PyTorch installation.",
+     "sm_90 is missing from the build"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "no kernels"),
+    ("RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version", "older than"),
+    ("Jan 02 10:00:01 node-07 nv-fabricmanager[911]: fabric manager NVIDIA GPU driver interface version 550.90.07 "
+     "don't match with driver version 550.127.05. Please update with matching NVIDIA driver package.",
+     "Fabric Manager 550.90.07, driver 550.127.05"),
+    ("node-07:81:90 [0] misc/shmutils.cc:112 NCCL WARN Error while creating shared memory segment "
+     "/dev/shm/nccl-AbCdEf (size 9637888)", "/dev/shm"),
+    ("node-07:81:90 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed: No space left on device",
+     "/dev/shm"),
+    ("Exception: >- DeepSpeed Op Builder: Installed CUDA version 12.4 does not match the version torch was compiled "
+     "with 11.8, unable to compile cuda/cpp extensions", "toolkit 12.4, torch built with 11.8"),
+])
+def test_environment_failures_are_dependencies_that_name_the_mismatch(text: str, named: str) -> None:
+    c = classify_text(text, "x")
+    assert c.category == "Dependency", c.explanation
+    assert named in c.explanation
+
+
+def test_detail_must_name_groups_of_the_pattern(tmp_path: object) -> None:
+    from pathlib import Path
+    f = Path(str(tmp_path)) / "r.toml"
+    f.write_text("[[rule]]\nid = 'x'\ncategory = 'Dependency'\nconfidence = 0.5\npattern = 'a (?P<v>b)'\n"
+                 "detail = '{w}'\n")
+    with pytest.raises(InputError, match="detail names group"):
+        load_rules(f)
+
+
+def test_a_gpus_own_fatal_link_is_the_gpu_and_a_switch_with_two_gpus_below_is_the_board() -> None:
+    own = "\n".join([
+        "[  +0.000844] nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+        "[  +0.000001] snd_hda_intel 0000:03:00.1: AER: can't recover (no error_detected callback)",
+        "[  +0.000001] pcieport 0000:00:03.0: AER: Multiple Uncorrected (Fatal) error received: 0000:00:03.0",
+        "[  +0.000921] nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+        "[  +1.050439] pcieport 0000:00:03.0: AER: Root Port link has been reset (0)"])
+    assert classify_text(own, "k").category == "Faulty GPU"
+    switch = "\n".join([
+        "[ 10.0] pcieport 0000:16:00.0: AER: Uncorrected (Fatal) error received: 0000:16:00.0",
+        "[ 10.1] nvidia 0000:18:00.0: AER: can't recover (no error_detected callback)",
+        "[ 10.1] nvidia 0000:1a:00.0: AER: can't recover (no error_detected callback)"])
+    assert classify_text(switch, "k").category == "IO Expansion Board"
+
+
+def test_functions_of_one_device_are_one_component() -> None:
+    assert _component("0000:03:00.1") == _component("0000:03:00.0") == "0000:03:00"
+    assert _component("0000:03:00") == "0000:03:00" and _component(None) is None
+
+
+def test_an_elided_pci_address_still_gives_the_xid() -> None:
+    c = classify_text("kernel: NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)", "k")
+    assert c.category == "Faulty GPU" and c.gpu is None
+
+
+@pytest.mark.parametrize("line", [
+    "Dec 17 16:03:58Z node-01 start-worker 2024/12/17 16:03:58 GCP Metadata Service says termination is imminent",
+    "2025-03-31T16:32:36Z worker: EC2 Spot Instance Interruption Warning received for the instance",
+    "Instance was preempted.",
+    "slurmstepd: error: *** JOB 4242 ON node-01 CANCELLED AT 2026-06-18T13:05:36 DUE TO PREEMPTION ***",
+])
+def test_cloud_termination_is_host_maintenance_and_explains_the_timeouts(line: str) -> None:
+    c = classify_text("\n".join([line, TIMEOUT.format(r=3, seq=12, op="ALLREDUCE")]), "k")
+    assert c.category == "Host Maintenance", c.explanation
+
+
+def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
+    for work in ("Running evaluation on 4 GPUs",
+                 "`Trainer.fit` stopped: `max_epochs=10` reached.",
+                 "2026-11-30 09:00:01 INFO Saving checkpoint to /ckpt/step_400"):
+        c = classify_text("\n".join([work, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+        assert c.category == "Software Bug", (work, c.explanation)
+    # no work line, or the work long done before the timeout: the cause is not in this log
+    assert classify_text(TIMEOUT.format(r=1, seq=3, op="ALLREDUCE"), "k").category == "NCCL Watchdog Timeouts"
+    far = "\n".join(["2026-11-30T01:00:00Z Saving checkpoint to /ckpt/step_400",
+                     "2026-11-30T09:00:00Z " + TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")])
+    assert classify_text(far, "k").category == "NCCL Watchdog Timeouts"
+    # a hardware cause still wins over the busy rank
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    c = classify_text("\n".join(["Saving checkpoint", xid, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    assert c.category == "Faulty GPU"
+
+
+def test_ranks_timing_out_in_different_collectives_are_a_desync() -> None:
+    desync = [TIMEOUT.format(r=0, seq=808, op="ALLREDUCE"), TIMEOUT.format(r=1, seq=809, op="ALLREDUCE")]
+    assert classify_text("\n".join(desync), "k").category == "Software Bug"
+    kinds = [TIMEOUT.format(r=0, seq=21, op="BROADCAST"), TIMEOUT.format(r=1, seq=21, op="ALLREDUCE")]
+    assert classify_text("\n".join(kinds), "k").category == "Software Bug"
+    # all ranks stuck in the same collective: no desync in the log
+    same = [TIMEOUT.format(r=r, seq=808, op="ALLREDUCE") for r in range(4)]
+    assert classify_text("\n".join(same), "k").category == "NCCL Watchdog Timeouts"
+    # different process groups count their sequence numbers apart
+    pgs = ["[PG ID 0 PG GUID 0 Rank 0] " + TIMEOUT.format(r=0, seq=5, op="ALLREDUCE").split("] ", 1)[1],
+           "[PG ID 1 PG GUID 1 Rank 1] " + TIMEOUT.format(r=1, seq=90, op="ALLREDUCE").split("] ", 1)[1]]
+    assert classify_text("\n".join(pgs), "k").category == "NCCL Watchdog Timeouts"
+
+
+def test_a_crash_inside_nccl_is_the_release_and_weaker_than_hardware() -> None:
+    frames = ["[node-01:288505:0:296459] Caught signal 11 (Segmentation fault: address not mapped to object at "
+              "address 0x48)",
+              " 3  /opt/nccl/lib/libnccl.so(+0x120057) [0x7ff1c18c1057]",
+              " 4  /usr/lib/x86_64-linux-gnu/libnccl.so.2(+0x12209d) [0x7ff1c18c309d]"]
+    c = classify_text("\n".join(frames), "k")
+    assert c.category == "Dependency" and "NCCL" in c.explanation
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    assert classify_text("\n".join([xid, *frames]), "k").category == "Faulty GPU"
