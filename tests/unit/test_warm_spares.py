@@ -86,3 +86,13 @@ def test_the_environment_is_the_real_one_again_after_preloading() -> None:
     real = os.environ
     found = preload_watched(["json"])
     assert os.environ is real and found.count == 1 and found.unfit is None
+
+
+def test_trainguards_own_scripts_are_fit_for_a_warm_start() -> None:
+    # The demo's workload read TORCHELASTIC_RESTART_COUNT in a class body: every spare of it started cold while the
+    # agent counted it warm.
+    code = ("from trainguard.worker.warm import preload_watched; "
+            "p = preload_watched(['trainguard.examples.train_gpt', 'trainguard.examples.train_gpt_inprocess']); "
+            "print(p.count, p.unfit)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "2 None", out.stdout + out.stderr[-2000:]

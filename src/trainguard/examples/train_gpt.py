@@ -79,7 +79,10 @@ class _NullWorker:
     """Stands in for trainguard's Worker in the ``--no-trainguard`` baseline."""
 
     events = None
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    def __init__(self) -> None:
+        # read when the baseline starts, not at import: a warm spare loads this module before it has a rank
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[_NullStep]:

@@ -16,7 +16,8 @@ spares = Path(os.environ["TRAINGUARD_RUN_DIR"]) / "logs" / "spares"
 wanted = int(os.environ.get("TEST_SPARES_READY", "1"))
 deadline = time.monotonic() + 180
 while os.environ.get("TRAINGUARD_ATTEMPT") == "0" and time.monotonic() < deadline:
-    if sum("waiting" in p.read_text() for p in spares.glob("spare-*.log")) >= wanted:
+    # a spare that found itself unfit ("unfit for a warm start") is replaced by the agent: count the fit ones
+    if sum("waiting" in t and "unfit" not in t for t in (p.read_text() for p in spares.glob("spare-*.log"))) >= wanted:
         break
     time.sleep(0.2)
 sys.exit(main())
