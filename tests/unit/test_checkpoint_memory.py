@@ -100,6 +100,24 @@ def test_hostile_directories_are_refused(tmp_path: Path) -> None:
         secure_dir(open_dir)
 
 
+def test_a_foreign_base_folder_gives_the_job_a_private_one_found_again_by_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / f"trainguard-mem-{os.getuid()}")
+    record = tmp_path / "run"
+    record.mkdir(mode=0o700)
+    node = node_dir(tmp_path, "run", "n0", record=record)
+    job = node.parent
+    assert job.parent == tmp_path and job.name.startswith(f"trainguard-mem-{os.getuid()}-run-"), job
+    assert oct(os.lstat(job).st_mode & 0o777) == "0o700" and oct(os.lstat(node).st_mode & 0o777) == "0o700"
+    assert node_dir(tmp_path, "run", "n0", record=record) == node  # another rank, or a later attempt
+    assert not list((tmp_path / "elsewhere").iterdir())
+    # The recorded folder gone (its holder ended): a fresh one, not an error.
+    node.rmdir()
+    job.rmdir()
+    again = node_dir(tmp_path, "run", "n0", record=record)
+    assert again.is_dir() and again != node
+
+
 def test_config_validates_memory_fields() -> None:
     with pytest.raises(ValueError, match="memory_gb"):
         CheckpointConfig(memory_gb=0)
