@@ -65,4 +65,5 @@ def test_a_store_filled_with_keys_is_reported_once_on_the_console(tmp_path: Path
     assert json_result(log)["status"] == "completed"
     assert text.count(WARNING) == 1, text[-3000:]
     line = next(line for line in text.splitlines() if WARNING in line)
-    assert re.search(r"holds (\d+) keys", line) and int(re.search(r"holds (\d+) keys", line)[1]) >= 30_000, line
+    counted = re.search(r"holds (\d+) keys", line)
+    assert counted is not None and int(counted[1]) >= 30_000, line

@@ -285,3 +285,29 @@ def test_a_replica_is_checksummed_as_it_arrives(memory_job: MemoryJob) -> None:
     HolderClient(address, signer).put(dataclasses.replace(meta, step=6, checksum="0" * 8), memoryview(data))
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         fetch_replica(address, signer, 10.0, 6, 1, 2, {"w": torch.zeros(1000)})
+
+
+def test_the_holder_listens_on_loopback_for_a_one_node_job_and_on_the_nodes_route_otherwise() -> None:
+    from trainguard.checkpoint.memory_client import holder_address
+
+    assert holder_address(None, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == ("127.0.0.1", "127.0.0.1")
+    # Nodes that meet on loopback (several "nodes" on one host) stay on loopback.
+    assert holder_address(None, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                 "MASTER_PORT": "29500"}) == ("127.0.0.1", "127.0.0.1")
+    assert holder_address("10.0.0.5", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == ("10.0.0.5", "10.0.0.5")
+
+
+def test_an_unauthenticated_header_ends_the_connection_before_the_body_is_read(tmp_path: Path) -> None:
+    import io
+
+    from trainguard.checkpoint.memory_holder import HEADER_BYTES, read_request, request_bytes
+
+    signer, nonce = StoreSigner(SECRET.encode()), "ab" * 16
+    good = request_bytes(signer, nonce, {"op": "ping"})
+    assert len(good.split(b"\n", 1)[0]) + 1 == HEADER_BYTES
+    assert read_request(signer, nonce, io.BytesIO(good)) == {"op": "ping"}
+    forged = request_bytes(StoreSigner(b"another-secret-0123456789"), nonce, {"op": "ping"}) + b"x" * (1 << 20)
+    stream = io.BytesIO(forged)
+    assert read_request(signer, nonce, stream) is None
+    assert stream.tell() == HEADER_BYTES  # nothing past the header was read
+    assert read_request(signer, "cd" * 16, io.BytesIO(good)) is None  # bound to the connection's nonce
