@@ -10,7 +10,8 @@ from trainguard.launch.store_watch import MIN_KEY_LIMIT, StoreWatch
 
 
 class _Store:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.keys = 10
         self.calls = 0
 
@@ -43,3 +44,11 @@ def test_the_limit_grows_with_the_job_and_a_store_without_a_count_is_left_alone(
     assert StoreWatch(lambda: None, lambda: 100_000).key_limit() > MIN_KEY_LIMIT
     watch = StoreWatch(lambda: _NoCount(), lambda: 1)
     assert watch.poll() is None and not watch.warned
+
+
+def test_a_store_served_by_another_host_is_not_asked() -> None:
+    # A remote store's round trip could stall the monitor loop behind a lost node; its host watches it.
+    remote = _Store(host="192.0.2.1")  # TEST-NET-1: never an address of this machine
+    remote.keys = MIN_KEY_LIMIT * 10
+    watch = StoreWatch(lambda: remote, lambda: 1)
+    assert watch.poll() is None and remote.calls == 0 and not watch.warned

@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "holder.json"
 MAX_LINE = 64 << 20
-"""A reply line (read by ranks from their own job's holders) or a request body (read only once its header verified)."""
+"""A reply line (read by ranks from their own job's holders)."""
 MAX_REQUEST = MAX_META_BYTES + (1 << 20)
-"""A request body: a put carries a copy's description, which may be as large as the description itself may be."""
+"""A request body (read only once its header verified): a put carries a copy's description, up to MAX_META_BYTES."""
 HEADER_BYTES = 8 + 1 + 64 + 1
 """``<body length, 8 hex digits> <HMAC-SHA256 of nonce and length, hex>\\n``."""
 MAX_CONNECTIONS = 64

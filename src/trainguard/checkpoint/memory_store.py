@@ -55,6 +55,10 @@ def secure_dir(path: Path) -> Path:
     return path
 
 
+_warned = False
+"""Whether this process said already that it uses a private folder (once is enough on the console)."""
+
+
 def node_dir(root: Path, run: str, node: str, record: Path | None = None) -> Path:
     """This node's directory for run ``run`` (created, checked at every level).
 
@@ -75,9 +79,6 @@ def node_dir(root: Path, run: str, node: str, record: Path | None = None) -> Pat
             _warned = True
             log.warning("%s; using a private memory checkpoint folder instead", exc)
     return secure_dir(_private_job_dir(Path(root), run, name, record) / name)
-
-
-_warned = False
 
 
 def _is_private(path: Path) -> bool:

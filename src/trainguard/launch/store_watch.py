@@ -1,8 +1,9 @@
 """The rendezvous store's size, watched from the agent: torch's TCPStore takes any key from any local user.
 
 torch's store has no size limit and no public way to refuse a write, so trainguard can only notice: every
-`INTERVAL_SECONDS` the agent's monitor loop counts the store's keys (``num_keys``, one round trip) and reads
-its own resident memory, and says once on the console when either grew past what a job needs.
+`INTERVAL_SECONDS` the monitor loop of an agent on the store's host counts the store's keys (``num_keys``,
+one local round trip: never a wait on another node) and reads its own resident memory, and says once on
+the console when either grew past what a job needs.
 docs/security.md ("The rendezvous store").
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,24 @@ def resident_bytes() -> int:
         return 0
 
 
+def on_this_host(store: Any) -> bool:
+    """Whether ``store`` (a TCPStore, possibly under PrefixStores) is served from this machine: its address
+    is one this machine can bind. Other stores (etcd's, a remote TCPStore) are not watched from here."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host = getattr(store, "host", None)
+    if not isinstance(host, str) or not hasattr(store, "num_keys"):
+        return False
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((address[0], 0))
+                return True
+    except OSError:
+        pass
+    return False
+
+
 class StoreWatch:
     """Counts the store's keys now and then; warns once when a limit is passed (see module doc)."""
 
@@ -55,6 +75,8 @@ class StoreWatch:
         self._baseline: int | None = None
         self.warned = False
         self._unsupported = False
+        self._checked: Any = None
+        """The store last found on this host (the store object changes at every rendezvous round)."""
 
     def key_limit(self) -> int:
         return max(MIN_KEY_LIMIT, KEYS_PER_RANK * max(1, self._world_size()))
@@ -68,6 +90,10 @@ class StoreWatch:
         store = self._store()
         if store is None:
             return None
+        if store is not self._checked:
+            if not on_this_host(store):
+                return None  # asked again next round: a new rendezvous may bring a store served here
+            self._checked = store
         try:
             keys = int(store.num_keys())
         except (NotImplementedError, AttributeError, RuntimeError, ValueError):
