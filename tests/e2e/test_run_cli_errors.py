@@ -101,3 +101,21 @@ def test_missing_script_module_or_program_is_an_input_error_and_creates_nothing(
         res = trainguard_in("run", *args, cwd=str(tmp_path), timeout=60)
         assert_one_line_error(res, 3)
         assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("TRAINGUARD_JOB_SECRET", "0123456789abcdef\udcff\udcfe", "TRAINGUARD_JOB_SECRET is not valid UTF-8"),
+    ("TRAINGUARD_NODE", "node-\udcff", "TRAINGUARD_NODE is not valid UTF-8"),
+    ("TRAINGUARD_JOB_SECRET", "0123456789 abcdef", "without spaces"),
+    ("TRAINGUARD_JOB_SECRET", "short", "16 to 1024 characters"),
+])
+def test_a_bad_trainguard_variable_is_one_line_and_exit_2_before_the_run_folder(
+        tmp_path: Path, name: str, value: str, words: str) -> None:
+    # A str with surrogates reaches the child as the raw bytes (os.fsencode): 0xff 0xfe, not UTF-8.
+    run_dir = tmp_path / "run"
+    res = trainguard("run", "--standalone", "--run-dir", str(run_dir), "--", GPT, env={name: value}, timeout=60)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], res.stderr
+    assert not run_dir.exists()

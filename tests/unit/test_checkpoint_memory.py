@@ -100,6 +100,24 @@ def test_hostile_directories_are_refused(tmp_path: Path) -> None:
         secure_dir(open_dir)
 
 
+def test_a_foreign_base_folder_gives_the_job_a_private_one_found_again_by_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / f"trainguard-mem-{os.getuid()}")
+    record = tmp_path / "run"
+    record.mkdir(mode=0o700)
+    node = node_dir(tmp_path, "run", "n0", record=record)
+    job = node.parent
+    assert job.parent == tmp_path and job.name.startswith(f"trainguard-mem-{os.getuid()}-run-"), job
+    assert oct(os.lstat(job).st_mode & 0o777) == "0o700" and oct(os.lstat(node).st_mode & 0o777) == "0o700"
+    assert node_dir(tmp_path, "run", "n0", record=record) == node  # another rank, or a later attempt
+    assert not list((tmp_path / "elsewhere").iterdir())
+    # The recorded folder gone (its holder ended): a fresh one, not an error.
+    node.rmdir()
+    job.rmdir()
+    again = node_dir(tmp_path, "run", "n0", record=record)
+    assert again.is_dir() and again != node
+
+
 def test_config_validates_memory_fields() -> None:
     with pytest.raises(ValueError, match="memory_gb"):
         CheckpointConfig(memory_gb=0)
@@ -267,3 +285,29 @@ def test_a_replica_is_checksummed_as_it_arrives(memory_job: MemoryJob) -> None:
     HolderClient(address, signer).put(dataclasses.replace(meta, step=6, checksum="0" * 8), memoryview(data))
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         fetch_replica(address, signer, 10.0, 6, 1, 2, {"w": torch.zeros(1000)})
+
+
+def test_the_holder_listens_on_loopback_for_a_one_node_job_and_on_the_nodes_route_otherwise() -> None:
+    from trainguard.checkpoint.memory_client import holder_address
+
+    assert holder_address(None, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == ("127.0.0.1", "127.0.0.1")
+    # Nodes that meet on loopback (several "nodes" on one host) stay on loopback.
+    assert holder_address(None, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                 "MASTER_PORT": "29500"}) == ("127.0.0.1", "127.0.0.1")
+    assert holder_address("10.0.0.5", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == ("10.0.0.5", "10.0.0.5")
+
+
+def test_an_unauthenticated_header_ends_the_connection_before_the_body_is_read(tmp_path: Path) -> None:
+    import io
+
+    from trainguard.checkpoint.memory_holder import HEADER_BYTES, read_request, request_bytes
+
+    signer, nonce = StoreSigner(SECRET.encode()), "ab" * 16
+    good = request_bytes(signer, nonce, {"op": "ping"})
+    assert len(good.split(b"\n", 1)[0]) + 1 == HEADER_BYTES
+    assert read_request(signer, nonce, io.BytesIO(good)) == {"op": "ping"}
+    forged = request_bytes(StoreSigner(b"another-secret-0123456789"), nonce, {"op": "ping"}) + b"x" * (1 << 20)
+    stream = io.BytesIO(forged)
+    assert read_request(signer, nonce, stream) is None
+    assert stream.tell() == HEADER_BYTES  # nothing past the header was read
+    assert read_request(signer, "cd" * 16, io.BytesIO(good)) is None  # bound to the connection's nonce

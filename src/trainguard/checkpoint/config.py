@@ -51,8 +51,8 @@ class CheckpointConfig:
     memory_root: str = "/dev/shm"
     """Memory tier: where the node's copies live (a tmpfs: memory that outlives the worker processes)."""
     memory_address: str | None = None
-    """Memory tier: the address this node's holder listens on and other nodes reach it at; None: all
-    interfaces, reached at this host's name."""
+    """Memory tier: the address this node's holder listens on and other nodes reach it at; None: loopback
+    for a one-node job, else this host's address on the route to the job's master (``$MASTER_ADDR``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.interval, IntervalPolicy):

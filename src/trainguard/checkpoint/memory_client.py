@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import mmap
 import os
 import socket
@@ -21,10 +22,12 @@ from typing import Any
 
 from trainguard.checkpoint.checksum import new_hasher
 from trainguard.checkpoint.errors import CheckpointError
-from trainguard.checkpoint.memory_holder import STATE_FILE, read_line, signed, unsigned
+from trainguard.checkpoint.memory_holder import BUSY, STATE_FILE, read_line, request_bytes, unsigned
 from trainguard.checkpoint.memory_meta import CopyMeta
 from trainguard.launch.lifetime import untagged_environ
 from trainguard.launch.store_auth import StoreSigner
+
+log = logging.getLogger(__name__)
 
 START_SECONDS = 20.0
 HASH_CHUNK = 4 << 20
@@ -50,14 +53,32 @@ class HolderClient:
         self.signer = signer
         self.timeout = timeout
 
+    def _connect(self) -> tuple[socket.socket, Any, str]:
+        """A connection to the holder and its nonce; a holder at its connection cap says busy: try again
+        (with a growing pause) until this client's timeout, so a burst of other peers only delays a request."""
+        deadline, pause = time.monotonic() + self.timeout, 0.02
+        while True:
+            sock = socket.create_connection((self.address.host, self.address.port), timeout=self.timeout)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                rfile = sock.makefile("rb")
+                line = read_line(rfile, 256)
+            except BaseException:
+                sock.close()
+                raise
+            if line != BUSY:
+                return sock, rfile, line.strip().decode()
+            sock.close()
+            if time.monotonic() + pause > deadline:
+                raise CheckpointError(f"holder of node {self.address.node} stayed busy for {self.timeout:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
     @contextlib.contextmanager
     def _call(self, request: dict[str, Any]) -> Any:
-        with socket.create_connection((self.address.host, self.address.port), timeout=self.timeout) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
-            nonce = read_line(rfile).strip().decode()
-            wfile.write(signed(self.signer, f"memtier-req/{nonce}", request))
-            wfile.flush()
+        sock, rfile, nonce = self._connect()
+        with sock:
+            sock.sendall(request_bytes(self.signer, nonce, request))
 
             def answer() -> dict[str, Any]:
                 reply = unsigned(self.signer, f"memtier-resp/{nonce}", read_line(rfile))
@@ -110,6 +131,36 @@ class HolderClient:
     def stop(self) -> None:
         with self._call({"op": "stop"}) as (_, _, answer):
             answer()
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def holder_address(configured: str | None, environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """(bind, advertise) for this node's holder: ``configured`` when set; loopback when the job has one node
+    (every rank on this host) or its nodes meet on loopback; otherwise the local address of the route to the
+    job's master, the interface the nodes use to reach each other. Never every interface when avoidable."""
+    if configured:
+        return configured, configured
+    env = os.environ if environ is None else environ
+    world, local = env.get("WORLD_SIZE"), env.get("LOCAL_WORLD_SIZE")
+    if world is not None and world == local:
+        return LOOPBACK, LOOPBACK
+    master = env.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(env.get("MASTER_PORT", "1") or 1)))  # no packet: only a route
+                local_ip = str(probe.getsockname()[0])
+        except (OSError, ValueError):
+            local_ip = ""
+        if local_ip.startswith("127."):
+            return LOOPBACK, LOOPBACK
+        if local_ip:
+            return local_ip, local_ip
+    # No way to tell which interface the other nodes use: all of them (requests are still authenticated).
+    log.warning("memory holder listens on all interfaces: set CheckpointConfig.memory_address to restrict it")
+    return "0.0.0.0", socket.gethostname()
 
 
 def running(node_dir: Path, node: str, signer: StoreSigner) -> Address | None:

@@ -8,6 +8,9 @@ longer than the job. A new holder starts with no memory: it empties the node dir
 Over TCP it accepts replicas pushed by other nodes' ranks and returns them on restore. Every request
 and response is tagged with the job secret (HMAC-SHA256, bound to a per-connection nonce), so another
 user can neither read copies nor plant one; the data itself is verified by its checksum at restore.
+A request starts with a fixed-size header (the body's length, tagged) that is verified before a byte of
+the body is read: a peer without the secret costs the holder `HEADER_BYTES`. Connections are capped
+(`MAX_CONNECTIONS`, beyond it a peer is told ``busy`` and closed) and every read has a timeout.
 Run as ``python -m trainguard.checkpoint.memory_holder`` with the secret on stdin.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint.errors import CheckpointError
-from trainguard.checkpoint.memory_meta import CopyMeta
+from trainguard.checkpoint.memory_meta import MAX_META_BYTES, CopyMeta
 from trainguard.checkpoint.memory_store import begin, copies, describe, rank_dir, replica_steps, secure_dir
 from trainguard.launch.store_auth import StoreSigner
 
@@ -38,13 +42,61 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "holder.json"
 MAX_LINE = 64 << 20
+"""A reply line (read by ranks from their own job's holders)."""
+MAX_REQUEST = MAX_META_BYTES + (1 << 20)
+"""A request body (read only once its header verified): a put carries a copy's description, up to MAX_META_BYTES."""
+HEADER_BYTES = 8 + 1 + 64 + 1
+"""``<body length, 8 hex digits> <HMAC-SHA256 of nonce and length, hex>\\n``."""
+MAX_CONNECTIONS = 64
+"""Connections served at once: each is a thread. Ranks open one per request, so a job needs a few per rank."""
+HEADER_SECONDS = 10.0
+"""A peer that has not sent a verified header this long after connecting is dropped."""
+IO_SECONDS = 60.0
+"""Any later read or write that makes no progress this long ends the connection."""
+BUSY = b"busy\n"
 
 
-def read_line(stream: Any) -> bytes:
-    line: bytes = stream.readline(MAX_LINE + 1)
+def read_line(stream: Any, limit: int = MAX_LINE) -> bytes:
+    line: bytes = stream.readline(limit + 1)
     if not line.endswith(b"\n"):
         raise ConnectionError("connection closed or line too long")
     return line
+
+
+def read_exact(stream: Any, size: int) -> bytes:
+    """Exactly ``size`` bytes from an unbuffered stream (never more: nothing past them is read)."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = stream.readinto(view[got:])
+        if not n:
+            raise ConnectionError("connection closed mid-request")
+        got += n
+    view.release()
+    return bytes(data)
+
+
+def request_bytes(signer: StoreSigner, nonce: str, message: dict[str, Any]) -> bytes:
+    """A request as sent: the tagged header, then the signed body."""
+    body = signer.sign(f"memtier-req/{nonce}", {"m": json.dumps(message)})
+    if len(body) > MAX_REQUEST:
+        raise CheckpointError(f"memory holder request of {len(body)} bytes exceeds {MAX_REQUEST}")
+    header = f"{len(body):08x} {signer.tag('memtier-hdr', nonce, str(len(body)))}\n".encode()
+    return header + body
+
+
+def read_request(signer: StoreSigner, nonce: str, rfile: Any) -> dict[str, Any] | None:
+    """The request on ``rfile``, or None when its header or body is not this job's; the body is read only
+    after the header verified (an unauthenticated peer costs `HEADER_BYTES`)."""
+    header = read_exact(rfile, HEADER_BYTES)
+    try:
+        length_hex, tag = header[:-1].decode("ascii").split(" ")
+        length = int(length_hex, 16)
+    except ValueError:
+        return None
+    if not hmac.compare_digest(tag, signer.tag("memtier-hdr", nonce, str(length))) or length > MAX_REQUEST:
+        return None
+    return unsigned(signer, f"memtier-req/{nonce}", read_exact(rfile, length))
 
 
 def signed(signer: StoreSigner, context: str, message: dict[str, Any]) -> bytes:
@@ -76,11 +128,13 @@ class Holder:
 
     def handle(self, rfile: Any, wfile: Any, sock: socket.socket) -> None:
         nonce = secrets.token_hex(16)
+        sock.settimeout(HEADER_SECONDS)
         wfile.write(nonce.encode() + b"\n")
         wfile.flush()
-        request = unsigned(self.signer, f"memtier-req/{nonce}", read_line(rfile))
+        request = read_request(self.signer, nonce, rfile)
         if request is None:
             return
+        sock.settimeout(IO_SECONDS)
         op = request.get("op")
         reply = f"memtier-resp/{nonce}"
         if op == "ping":
@@ -140,15 +194,15 @@ class Holder:
         holder = self
 
         class Handler(socketserver.StreamRequestHandler):
+            rbufsize = 0  # unbuffered: nothing is read from a peer beyond what the protocol asks for
+
             def handle(self) -> None:
                 try:
                     holder.handle(self.rfile, self.wfile, self.request)
                 except (OSError, ConnectionError, ValueError) as exc:
                     log.debug("memory holder connection ended: %s", exc)
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        socketserver.ThreadingTCPServer.daemon_threads = True
-        with socketserver.ThreadingTCPServer((bind, 0), Handler) as server:
+        with _Server((bind, 0), Handler) as server:
             self.server = server
             port = server.server_address[1]
             state = self.node / f".{STATE_FILE}.tmp"
@@ -160,6 +214,43 @@ class Holder:
             threading.Thread(target=server.serve_forever, daemon=True).start()
             _wait_for(watch_pid, self.stopping)
             server.shutdown()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """A thread per connection, at most `MAX_CONNECTIONS` of them: a peer beyond is told `BUSY` and closed."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[socketserver.BaseRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            if self.refused in (1, 100) or self.refused % 10000 == 0:
+                log.warning("memory holder busy: %d connection(s) refused beyond %d at once", self.refused,
+                            MAX_CONNECTIONS)
+            with contextlib.suppress(OSError):
+                request.setblocking(False)  # never wait on a peer that does not read
+                request.send(BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def _wait_for(pid: int, stopping: threading.Event) -> None:

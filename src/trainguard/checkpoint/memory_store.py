@@ -6,7 +6,8 @@ directory has two slots (``slot-K.bin`` data, ``slot-K.json`` its `CopyMeta`): a
 older slot after removing its description, and describes it again only once the data and checksum are
 complete, so a save interrupted mid-copy leaves the other slot valid. Every directory must be ours,
 0700 and not a link, every file is opened without following links: another local user can neither
-read the copies nor plant one (a copy is also verified by checksum before it is used).
+read the copies nor plant one (a copy is also verified by checksum before it is used). When another
+user planted ``trainguard-mem-<uid>`` first, the job uses a fresh private folder instead (`node_dir`).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import mmap
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.memory_meta import MAX_META_BYTES, CopyMeta
+
+log = logging.getLogger(__name__)
 
 SLOTS = 2
 _NODE = re.compile(r"[^A-Za-z0-9._-]")
@@ -50,11 +55,74 @@ def secure_dir(path: Path) -> Path:
     return path
 
 
-def node_dir(root: Path, run: str, node: str) -> Path:
-    """This node's directory for run ``run`` (created, checked at every level)."""
-    base = secure_dir(Path(root) / f"trainguard-mem-{os.getuid()}")
-    job = secure_dir(base / run)
-    return secure_dir(job / f"node-{_NODE.sub('_', node)[:128]}")
+_warned = False
+"""Whether this process said already that it uses a private folder (once is enough on the console)."""
+
+
+def node_dir(root: Path, run: str, node: str, record: Path | None = None) -> Path:
+    """This node's directory for run ``run`` (created, checked at every level).
+
+    When ``<root>/trainguard-mem-<uid>`` is not a 0700 directory of ours (another local user may have created
+    it first, to make every job of ours refuse the tier), and ``record`` (a directory of this job) is given,
+    the job's folder is a fresh one with an unguessable name instead, recorded in ``record`` so that every
+    rank of the node, in every attempt, finds the same one. Without ``record``, `CheckpointError`.
+    """
+    name = f"node-{_NODE.sub('_', node)[:128]}"
+    try:
+        base = secure_dir(Path(root) / f"trainguard-mem-{os.getuid()}")
+        return secure_dir(secure_dir(base / run) / name)
+    except CheckpointError as exc:
+        if record is None:
+            raise
+        global _warned
+        if not _warned:
+            _warned = True
+            log.warning("%s; using a private memory checkpoint folder instead", exc)
+    return secure_dir(_private_job_dir(Path(root), run, name, record) / name)
+
+
+def _is_private(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def _private_job_dir(root: Path, run: str, name: str, record: Path) -> Path:
+    """The job's private folder under ``root`` for node ``name``: the one ``record`` names if it is still a
+    0700 directory of ours there, else a new one (mkdtemp: created 0700 with O_EXCL, an unpredictable name)."""
+    prefix = f"trainguard-mem-{os.getuid()}-{run}-"
+    pointer = record / f".memory-dir.{name}"
+    lock = _open(record / f".memory-dir.{name}.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the node's ranks start together: one creates, the others read
+        with contextlib.suppress(OSError, CheckpointError, UnicodeDecodeError):
+            fd = _open(pointer, os.O_RDONLY)
+            try:
+                recorded = Path(os.read(fd, 4096).decode())
+            finally:
+                os.close(fd)
+            if recorded.parent == root and recorded.name.startswith(prefix) and _is_private(recorded):
+                return recorded
+        try:
+            created = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        except OSError as exc:
+            raise CheckpointError(f"cannot create a private memory checkpoint folder in {root}: {exc}") from None
+        if not _is_private(created):
+            raise CheckpointError(f"refusing memory checkpoint directory {created}: not a 0700 directory of ours")
+        tmp = record / f".memory-dir.{name}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, os.fsencode(created))
+        finally:
+            os.close(fd)
+        os.rename(tmp, pointer)
+        return created
+    finally:
+        os.close(lock)
 
 
 def rank_dir(node: Path, kind: str, rank: int) -> Path:

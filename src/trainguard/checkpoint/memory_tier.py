@@ -27,7 +27,7 @@ from trainguard.checkpoint.checksum import default_algorithm
 from trainguard.checkpoint.config import CheckpointConfig
 from trainguard.checkpoint.errors import CheckpointError
 from trainguard.checkpoint.groups import Collectives
-from trainguard.checkpoint.memory_client import Address, HolderClient, ensure_holder
+from trainguard.checkpoint.memory_client import Address, HolderClient, ensure_holder, holder_address
 from trainguard.checkpoint.memory_layout import digest, pack, plan
 from trainguard.checkpoint.memory_load import OwnCopy, close_quietly, fetch_replica
 from trainguard.checkpoint.memory_meta import CopyMeta
@@ -84,7 +84,7 @@ class MemoryTier:
         self.hooks = hooks
         self.bound = int(config.memory_gb * GB)
         self.placement = parse_placement(config.memory_placement or RING)
-        self.node_dir = node_dir(Path(config.memory_root), run_id(directory), node)
+        self.node_dir = node_dir(Path(config.memory_root), run_id(directory), node, record=secret_dir)
         self._secret_dir = secret_dir
         self._signer: StoreSigner | None = None
         self._holders: list[Address] | None = None
@@ -103,10 +103,9 @@ class MemoryTier:
     def holders(self) -> list[Address]:
         """Every node's holder, by node id (collective on first call: each rank ensures its node's)."""
         if self._holders is None:
-            address = self.config.memory_address
+            bind, advertise = holder_address(self.config.memory_address)
             own = ensure_holder(
-                self.node_dir, self.node, self.signer, bind=address or "0.0.0.0",
-                advertise=address or _hostname(), bound_bytes=self.bound,
+                self.node_dir, self.node, self.signer, bind=bind, advertise=advertise, bound_bytes=self.bound,
             )
             self._own = own
             gathered = self.comm.all_gather(own, self.comm.ctl_pg)
@@ -334,9 +333,3 @@ def _agree(
                 for step in held:
                     where.setdefault(step, []).append(by_node[node])
     return where, set.intersection(*steps)
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()

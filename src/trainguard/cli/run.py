@@ -283,7 +283,9 @@ def quiet_torch_logs(verbose: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.console import Console, single_rank_prefixes
     from trainguard.cli.output import print_json
+    from trainguard.launch.store_auth import check_environment
 
+    check_environment()  # before the metrics port, the run folder or anything else exists
     for dest, why in REFUSED_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False):
             raise UsageError(f"{why}")

@@ -62,6 +62,7 @@ from trainguard.launch.policy import AttemptOutcome
 from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
+from trainguard.launch.store_watch import StoreWatch
 from trainguard.launch.warm import FILL_AFTER_SECONDS, WarmSpares
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.sdc import verdict as sdc
@@ -117,6 +118,7 @@ class GuardAgent(ElasticAgentBase):
         self.signer = job_signer(cfg.run_dir)
         """Signs trainguard's keys in the rendezvous store (`trainguard.launch.store_auth`)."""
         self.watch = self._straggler_watch(spec)
+        self.store_watch = StoreWatch(self.rendezvous_store, self._job_world_size)
         self.watchdog = Watchdog(cfg.watchdog)
         self.framework_checkpoints = FrameworkCheckpoints(self.layout)
         """The script's framework's own saves (its adapter's records): progress for the no-progress rule."""
@@ -397,6 +399,7 @@ class GuardAgent(ElasticAgentBase):
                 self.ledger.decide(done)  # a fallback gives the in-process try's restart back
                 if not done.recovered:
                     return self.inprocess.fall_back(self, done.why)
+        self.store_watch.poll()  # every few seconds: a key count, warned once when past a job's needs
         mono = time.monotonic()
         beats = self._read_beats(wg)
         lost = self._node_watch(wg, beats, mono)

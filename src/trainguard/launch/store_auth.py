@@ -32,6 +32,33 @@ SECRET_ENV = "TRAINGUARD_JOB_SECRET"
 SECRET_FILE = ".job-secret"
 """The secret's file in the run directory (0600, created once, O_EXCL)."""
 MIN_SECRET_CHARS = 16
+MAX_SECRET_CHARS = 1024
+ENV_PREFIX = b"TRAINGUARD_"
+
+
+def check_environment(environb: dict[bytes, bytes] | None = None) -> None:
+    """`UsageError` (one line) unless every ``TRAINGUARD_*`` variable is UTF-8 and the job secret, if set, is
+    well formed. Called before anything is created on disk: a bad value otherwise fails deep inside a run."""
+    env = os.environb if environb is None else environb
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        shown = name.decode("ascii", "backslashreplace")
+        try:
+            name.decode("utf-8")
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"${shown} is not valid UTF-8 text") from None
+        if name == SECRET_ENV.encode():
+            check_secret(text)
+
+
+def check_secret(secret: str) -> None:
+    """A job secret: 16 to 1024 printable characters, no spaces (it travels on lines and through pipes)."""
+    if not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
+        raise UsageError(f"${SECRET_ENV} must have {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} characters")
+    if not secret.isprintable() or any(c.isspace() for c in secret):
+        raise UsageError(f"${SECRET_ENV} must be printable characters without spaces (e.g. openssl rand -hex 32)")
 
 
 @dataclass(frozen=True)
@@ -80,9 +107,12 @@ def job_signer(run_dir: Path, environ: dict[str, str] | None = None) -> StoreSig
     env = os.environ if environ is None else environ
     given = env.get(SECRET_ENV)
     if given is not None:
-        if len(given) < MIN_SECRET_CHARS:
-            raise UsageError(f"${SECRET_ENV} must have at least {MIN_SECRET_CHARS} characters")
-        return StoreSigner(given.encode())
+        try:
+            key = given.encode()
+        except UnicodeEncodeError:  # os.environ keeps undecodable bytes as surrogates
+            raise UsageError(f"${SECRET_ENV} is not valid UTF-8 text") from None
+        check_secret(given)
+        return StoreSigner(key)
     return StoreSigner(_secret_file(run_dir / SECRET_FILE))
 
 
