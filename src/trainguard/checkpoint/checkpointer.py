@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-import trainguard
 from trainguard.checkpoint.checksum import default_algorithm
 from trainguard.checkpoint.config import CheckpointConfig
 from trainguard.checkpoint.errors import CheckpointError
@@ -44,6 +43,7 @@ from trainguard.checkpoint.writer import CachingStager, ChecksumWriter, WriteHoo
 from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
 from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV
+from trainguard.errors import TrainguardError
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class Checkpointer:
             return
         try:
             self.events.write(record)
-        except trainguard.TrainguardError as exc:
+        except TrainguardError as exc:
             log.warning("cannot record checkpoint event: %s", exc)
 
     def _emit_policy(self, policy: IntervalPolicy) -> None:

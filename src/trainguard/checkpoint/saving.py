@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-import trainguard
 from trainguard.checkpoint.checksum import file_checksum
 from trainguard.checkpoint.groups import Collectives
 from trainguard.checkpoint.manifest import FileEntry, Manifest, commit, step_dir, write_manifest
@@ -165,7 +164,7 @@ class Committer:
                 checksum_algorithm=self.algorithm,
                 time=time.time(),
                 structure=saved_structure(metadata) if metadata is not None else {},
-                trainguard_version=trainguard.__version__,
+                trainguard_version=_version(),
                 torch_version=torch.__version__,
             )
             write_manifest(staging, manifest)
@@ -179,3 +178,10 @@ class Committer:
         except (OSError, ValueError) as exc:
             log.warning("retention pass failed (nothing valid was removed): %s", exc)
         return ""
+
+
+def _version() -> str:
+    # the package root is imported at call time, not with this module: the root loads checkpoint/ lazily
+    from trainguard import __version__
+
+    return __version__

@@ -1,32 +1,56 @@
 """Evidence no single line carries: many GPUs of a host lost in the same second, a sensor that jumps
 implausibly, one replica whose checksum differs from all the others. Configured as ``[[crossline]]`` data.
 
+This module holds their configuration (and `Explains`, which rules share); `trainguard.classify.derive` runs them.
 Each analysis reads hits the scanner already kept (XID and rule lines, or the lines of a *readings* rule,
-whose hits are inputs here and never evidence themselves) and adds one synthetic hit: a cause that may
+whose hits are inputs there and never evidence themselves) and adds one synthetic hit: a cause that may
 ``explain`` later lines like any rule's (docs/classify.md, "Evidence across lines").
 """
 
 from __future__ import annotations
 
-import logging
-import re
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from trainguard.classify.tiers import default_tier
 from trainguard.core.taxonomy import TABLE5_GROUPS, UNKNOWN
 from trainguard.errors import InputError
 
-if TYPE_CHECKING:
-    from trainguard.classify.rules import Explains, Rule, RuleSet
-    from trainguard.classify.scan import Hit
-
-log = logging.getLogger(__name__)
-
 KINDS = ("simultaneous", "jump", "divergence", "busy", "desync")
-_KEY = re.compile(r"\b(?:step|iter(?:ation)?|batch)\s*[=:#]?\s*(\d+)", re.IGNORECASE)
+
+
+class _Readings(Protocol):
+    """What a ``readings`` rule must offer here: its compiled pattern (its groups are checked)."""
+
+    @property
+    def pattern(self) -> Any: ...
+
+
+EXPLAIN_SCOPES = ("below", "device", "host", "source")
+"""Where a cause's consequences may lie (see `Explains.scope`)."""
+
+
+@dataclass(frozen=True)
+class Explains:
+    """Which later errors a rule's line explains: an upstream component's failure is the cause of the errors
+    its downstream devices report after it (a PCIe switch port's fatal error, then its GPUs off the bus)."""
+
+    categories: tuple[str, ...]
+    """Categories of the consequence lines (e.g. ``Faulty GPU`` for GPUs that fell off the bus)."""
+    scope: str = "below"
+    """``below``: devices under the line's PCI ``device`` (by bus number, or the bridge's bus range when the
+    log prints it); ``device``: that device itself and below; ``host``: the same host; ``source``: anywhere in
+    the source."""
+    min_devices: int = 1
+    """Explain only when at least this many distinct components (PCI devices; else lines) fail after it: one
+    GPU under a switch port that reports the link to it down is more likely the GPU's own fault."""
+    rules: tuple[str, ...] = ()
+    """If given, only lines of these rules are explained (an NFS outage explains Python's EIO, not an NVMe
+    controller's own I/O errors)."""
+    within_s: float | None = None
+    """A window of its own instead of ``explain_window_s`` (a driver retries a silent GSP for minutes)."""
+
+
 
 
 @dataclass(frozen=True)
@@ -73,7 +97,7 @@ def _num(where: str, d: Mapping[str, Any], key: str, default: float, lo: float) 
 
 
 def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, Any], Explains | None],
-                    rules: Mapping[str, Rule]) -> CrossLine:
+                    rules: Mapping[str, _Readings]) -> CrossLine:
     """One ``[[crossline]]`` table (``rules``: the rules loaded so far, for ``readings``)."""
     cid = d.get("id")
     if not isinstance(cid, str) or not cid:
@@ -101,159 +125,3 @@ def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, A
         min_rise=_num(where, d, "min_rise", 40.0, 0.0), calm=_num(where, d, "calm", 10.0, 0.0),
         min_replicas=int(_num(where, d, "min_replicas", 3, 3)), explains=explains(where, d.get("explains")),
     )
-
-
-def _synthetic(c: CrossLine, key: Hit, order: int, text: str, category: str = "", **kw: Any) -> Hit:
-    category = category or c.category
-    return replace(key, rule=c.id, category=category, confidence=c.confidence, tier=default_tier(category),
-                   explain=f"{c.explain} ({text})" if text else c.explain, order=order, explained_by=None, **kw)
-
-
-def _simultaneous(c: CrossLine, hits: list[Hit], by_cat: Mapping[str, list[Hit]], next_order: int,
-                  strong: float) -> list[Hit]:
-    lost = [h for h in hits if h.category in c.categories and (h.device or h.gpu) and h.time is not None]
-    out: list[Hit] = []
-    for host in sorted({h.host or "" for h in lost}):
-        mine = sorted((h for h in lost if (h.host or "") == host), key=lambda h: h.time or ("", 0.0))
-        for i, first in enumerate(mine):
-            assert first.time is not None
-            burst = [h for h in mine[i:] if h.time and h.time[0] == first.time[0]
-                     and h.time[1] - first.time[1] <= c.within_s]
-            devices = sorted({h.device or h.gpu or "" for h in burst})
-            if len(devices) < c.min_devices:
-                continue
-            # only strong evidence of its own names another host-level component (a corrected PCIe error does not)
-            category = next((p for p in c.prefer for h in by_cat.get(p, ())
-                             if h.confidence >= strong and (not host or h.host is None or h.host == host)),
-                            c.category)
-            text = f"{len(devices)} devices within {c.within_s:g} s: {', '.join(devices[:8])}"
-            # just before the first of them, so it explains all of them
-            cause = _synthetic(c, first, next_order - len(out), text, category=category, gpu=None, device=None,
-                               time=(first.time[0], first.time[1] - 1e-3))
-            out.append(cause)
-            break
-    return out
-
-
-def _value(rule: Rule, h: Hit, group: str) -> str | None:
-    m = rule.pattern.search(h.text)
-    return m.group(group) if m is not None else None
-
-
-def _jumps(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
-    rows: list[tuple[Hit, str, float]] = []
-    for h in sorted(series, key=lambda h: h.order):
-        sensor, value = _value(rule, h, "sensor"), _value(rule, h, "value")
-        if "index" in rule.pattern.groupindex:  # one metric, many devices: the index is part of the name
-            sensor = f"{sensor}[{_value(rule, h, 'index')}]"
-        try:
-            rows.append((h, sensor or "", float(value or "")))
-        except ValueError:
-            continue
-    last: dict[str, tuple[Hit, float]] = {}
-    for i, (h, sensor, v) in enumerate(rows):
-        prev = last.get(sensor)
-        last[sensor] = (h, v)
-        if prev is None or v - prev[1] < c.min_rise:
-            continue
-        dt = (h.time[1] - prev[0].time[1]) if h.time and prev[0].time and h.time[0] == prev[0].time[0] else None
-        if dt is not None and dt > c.within_s:
-            continue  # a slow climb is heat, not a broken sensor
-        # the others over the same span (and the readings just after it) must stay calm
-        others = [(x, s, y) for x, s, y in rows[:i + 8] if s != sensor and x.order > prev[0].order]
-        calm = True
-        for x, s, y in others:
-            before = next((yy for xx, ss, yy in reversed(rows[:rows.index((x, s, y))]) if ss == s), None)
-            if before is not None and y - before >= c.calm:
-                calm = False
-        if calm:
-            text = f"{sensor} {prev[1]:g} -> {v:g}" + (f" in {dt:g} s" if dt is not None else "") + \
-                f"; {len({s for _, s, _ in others})} other sensor(s) steady"
-            return [_synthetic(c, h, h.order, text)]
-    return []
-
-
-def _divergence(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
-    tables: dict[str, dict[str, tuple[Hit, str]]] = {}
-    for h in sorted(series, key=lambda h: h.order):
-        replica, value = _value(rule, h, "replica"), _value(rule, h, "value")
-        if replica is None or value is None:
-            continue
-        k = _KEY.search(h.text)
-        tables.setdefault(k.group(1) if k else "", {})[replica] = (h, value.lower())
-    out: list[Hit] = []
-    for step, rows in tables.items():
-        if len(rows) < c.min_replicas:
-            continue
-        counts = Counter(v for _, v in rows.values())
-        major, n = counts.most_common(1)[0]
-        if n != len(rows) - 1:
-            continue  # all agree, or no single odd one out (nondeterminism is not one bad device)
-        replica, (h, v) = next((r, hv) for r, hv in rows.items() if hv[1] != major)
-        text = (f"replica {replica} reads {v} where the other {n} read {major}"
-                + (f" at step {step}" if step else ""))
-        out.append(_synthetic(c, h, h.order, text))
-        break
-    return out
-
-
-def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
-    waits = sorted((h for h in kept if h.category in c.categories), key=lambda h: h.order)
-    if not waits:
-        return []
-    first = waits[0]
-    before = [h for h in work if h.order < first.order and h.file == first.file]
-    if not before:
-        return []
-    busy = max(before, key=lambda h: h.order)  # the work nearest before the first timeout
-    if busy.time is not None and first.time is not None and busy.time[0] == first.time[0] \
-            and first.time[1] - busy.time[1] > c.within_s:
-        return []
-    return [_synthetic(c, busy, busy.order, f"{busy.text.strip()[:120]!r}, then {len(waits)} timeout line(s)")]
-
-
-def _desync(c: CrossLine, rule: Rule, rows: list[Hit]) -> list[Hit]:
-    groups: dict[str, dict[str, tuple[Hit, tuple[str, str]]]] = {}
-    for h in sorted(rows, key=lambda h: h.order):
-        m = rule.pattern.search(h.text)
-        if m is None:
-            continue
-        pg = (m.groupdict().get("pg") or "")
-        groups.setdefault(pg, {}).setdefault(m.group("replica"), (h, (m.group("seq"), m.group("op"))))
-    for pg, ranks in groups.items():
-        if len(ranks) < 2 or len({w for _, w in ranks.values()}) < 2:
-            continue
-        seen = sorted(ranks.items(), key=lambda kv: kv[1][0].order)
-        h = seen[0][1][0]
-        text = "; ".join(f"rank {r} at {op} #{seq}" for r, (_, (seq, op)) in seen[:6])
-        return [_synthetic(c, h, h.order, text + (f" (process group {pg})" if pg else ""))]
-    return []
-
-
-def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
-    """``hits`` without the lines of readings rules, plus the hits every crossline analysis adds."""
-    if not rules.crosslines:
-        return hits
-    by_id = {r.id: r for r in rules.rules}
-    series_ids = {c.readings for c in rules.crosslines if c.readings}
-    series: dict[str, list[Hit]] = {}
-    kept: list[Hit] = []
-    for h in hits:
-        (series.setdefault(h.rule, []) if h.rule in series_ids else kept).append(h)
-    by_cat: dict[str, list[Hit]] = {}
-    for h in kept:
-        by_cat.setdefault(h.category, []).append(h)
-    added: list[Hit] = []
-    for c in rules.crosslines:
-        if c.kind == "simultaneous":
-            added += _simultaneous(c, kept, by_cat, -1 - len(added), rules.strong_confidence)
-        elif c.kind == "busy":
-            added += _busy(c, series.get(c.readings, []), kept)
-        elif c.kind == "desync" and c.readings in series:
-            added += _desync(c, by_id[c.readings], series[c.readings])
-        elif c.readings in series:
-            fn = _jumps if c.kind == "jump" else _divergence
-            added += fn(c, by_id[c.readings], series[c.readings])
-    for h in added:
-        log.debug("%s: %s at %s:%d", h.rule, h.category, h.file, h.line)
-    return kept + added

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainguard.classify.context import is_below
-from trainguard.classify.crossline import derive
+from trainguard.classify.derive import derive
 from trainguard.classify.linkverdict import LinkReport
 from trainguard.classify.rules import Explains, RuleSet
 from trainguard.classify.scan import Accumulator, Hit

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import re2
 
-from trainguard.classify.crossline import CrossLine, parse_crossline
+from trainguard.classify.crossline import EXPLAIN_SCOPES, CrossLine, Explains, parse_crossline
 from trainguard.classify.tiers import TIERS, default_tier
 from trainguard.core.taxonomy import TABLE5_GROUPS
 from trainguard.errors import InputError
@@ -69,31 +69,6 @@ def compile_user_bytes(pattern: bytes, *, max_mem: int | None = None) -> Any:
     if max_mem is not None:
         options.max_mem = max_mem
     return re2.compile(pattern, options)
-
-
-EXPLAIN_SCOPES = ("below", "device", "host", "source")
-"""Where a cause's consequences may lie (see `Explains.scope`)."""
-
-
-@dataclass(frozen=True)
-class Explains:
-    """Which later errors a rule's line explains: an upstream component's failure is the cause of the errors
-    its downstream devices report after it (a PCIe switch port's fatal error, then its GPUs off the bus)."""
-
-    categories: tuple[str, ...]
-    """Categories of the consequence lines (e.g. ``Faulty GPU`` for GPUs that fell off the bus)."""
-    scope: str = "below"
-    """``below``: devices under the line's PCI ``device`` (by bus number, or the bridge's bus range when the
-    log prints it); ``device``: that device itself and below; ``host``: the same host; ``source``: anywhere in
-    the source."""
-    min_devices: int = 1
-    """Explain only when at least this many distinct components (PCI devices; else lines) fail after it: one
-    GPU under a switch port that reports the link to it down is more likely the GPU's own fault."""
-    rules: tuple[str, ...] = ()
-    """If given, only lines of these rules are explained (an NFS outage explains Python's EIO, not an NVMe
-    controller's own I/O errors)."""
-    within_s: float | None = None
-    """A window of its own instead of ``explain_window_s`` (a driver retries a silent GSP for minutes)."""
 
 
 @dataclass(frozen=True)
