@@ -191,3 +191,29 @@ def test_bad_records_in_the_middle_are_skipped_and_listed(tmp_path: Path) -> Non
         (30, "not valid JSON"), (99, "bad step_completed record: field 'step': expected an integer, got a string")]
     assert report.ettr == pytest.approx(SAMPLE_ETTR, abs=2e-3)  # rank 0 lost three of its 714 records
     assert report.to_json()["skipped_records"][0]["path"].endswith("rank-0.jsonl")
+
+
+def test_each_interruption_says_its_lost_steps_lost_progress_and_whole_cost_apart() -> None:
+    report = compute_goodput(SAMPLE_RUN)
+    rows = [(i.kind, i.step, i.lost_steps) for i in report.interruptions]
+    # The sample's crash after step 137 resumed from the checkpoint of step 100, its hang after 290 from 250, and
+    # the attempt after the planned stop from 450, 10 steps before where the run had got to.
+    assert rows == [("crash", 137, 37), ("hang", 290, 40), ("planned", None, 10)], rows
+    # Lost progress is the part of each whole cost that was training redone; together they are the bucket.
+    assert all(0 < i.lost_progress_seconds < i.time_lost_seconds for i in report.interruptions)
+    assert sum(i.lost_progress_seconds for i in report.interruptions) == pytest.approx(
+        report.badput_seconds["lost_progress"])
+    row = report.to_json()["interruptions"][0]
+    assert {"lost_steps", "lost_progress_seconds", "time_lost_seconds"} <= set(row)
+
+
+def test_lost_steps_are_unknown_without_a_resume_point_and_none_for_an_attempt_without_steps() -> None:
+    from trainguard.accounting import resume
+    from trainguard.accounting.goodput import lost_steps
+
+    steps = [resume.AttemptSteps(0, "script", 1, 30), resume.AttemptSteps(2, "attempt", 1, 12)]
+    points = resume.infer(steps, {})
+    assert points[2].step is None  # counted per attempt from 1 again, nothing says where it resumed
+    assert lost_steps(steps, points, {0: 0, 2: 30}) == {0: None}
+    points = resume.infer(steps, {2: 20})  # its checkpoint_loaded record: step 20
+    assert lost_steps(steps, points, {0: 0, 2: 0}) == {0: 10}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import logging
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -375,15 +376,44 @@ def _save_start(starts: list[float], finished: float, total_seconds: float) -> f
     return starts[before - 1] if before else finished - total_seconds
 
 
-def _tally(spent: dict[tuple[str, int], float]) -> tuple[dict[str, float], dict[int, float]]:
-    """Seconds per label, and the seconds each attempt's interruption cost."""
+@dataclass(frozen=True)
+class _Tally:
+    """The wall time cut into labels."""
+
+    by_label: dict[str, float]
+    """Seconds per label (productive and each badput bucket)."""
+    by_owner: dict[int, float]
+    """Seconds each attempt's interruption cost in all (its whole cost)."""
+    lost_progress: dict[int, float]
+    """Of that, the seconds of training redone after each attempt's interruption."""
+
+
+def _tally(spent: dict[tuple[str, int], float]) -> _Tally:
     by_label: dict[str, float] = defaultdict(float)
     by_owner: dict[int, float] = defaultdict(float)
+    lost: dict[int, float] = defaultdict(float)
     for (label, owner), seconds in spent.items():
         by_label[label] += seconds
         if label not in (PRODUCTIVE, "other", "checkpoint_save", "straggler"):
             by_owner[owner] += seconds
-    return by_label, by_owner
+        if label == "lost_progress":
+            lost[owner] += seconds
+    return _Tally(by_label, by_owner, lost)
+
+
+def lost_steps(steps: list[resume.AttemptSteps], points: dict[int, resume.ResumePoint],
+               offsets: dict[int, int]) -> dict[int, int | None]:
+    """Attempt -> the steps the next attempt with steps ran again after it: the highest step the run had reached
+    (in the run's numbering) minus the step that attempt resumed from; None where that resume point is unknown.
+    An attempt that recorded no step lost none (what it cost is start-up, detection and restart)."""
+    out: dict[int, int | None] = {}
+    ordered = sorted(steps, key=lambda s: s.attempt)
+    reached = 0
+    for here, after in itertools.pairwise(ordered):
+        reached = max(reached, here.last_step + offsets.get(here.attempt, 0))
+        point = points.get(after.attempt)
+        out[here.attempt] = None if point is None or point.step is None else max(0, reached - point.step)
+    return out
 
 
 def _interruption(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run_start: float,
@@ -445,15 +475,21 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | F
     stragglers = _stragglers(records, root)
     kept = resume.offsets(steps, points, Scenario.KEPT)
     account = _account(records, _shifted(raw_blocks, kept), kept, stragglers, clock, run_start, run_end)
-    attempts, by_label, by_owner, completed = account
-    interruptions = [found for found in (_interruption(attempts, attempt, clock, run_start, by_owner.get(attempt, 0.0))
-                                         for attempt in attempts.numbers) if found is not None]
+    attempts, tally, completed = account
+    by_label, by_owner, lost_progress = tally.by_label, tally.by_owner, tally.lost_progress
+    redone_steps = lost_steps(steps, points, kept)
+    stepped = {s.attempt for s in steps}
+    interruptions = [replace(found, lost_steps=redone_steps.get(attempt, None if attempt in stepped else 0),
+                             lost_progress_seconds=lost_progress.get(attempt, 0.0))
+                     for attempt in attempts.numbers
+                     if (found := _interruption(attempts, attempt, clock, run_start, by_owner.get(attempt, 0.0)))
+                     is not None]
     unknown_note = None
     if resume.unknown(points):
         redone = resume.offsets(steps, points, Scenario.REDONE)
-        _, redone_labels, _, redone_completed = _account(records, _shifted(raw_blocks, redone), redone, stragglers,
+        _, redone_tally, redone_completed = _account(records, _shifted(raw_blocks, redone), redone, stragglers,
                                                          clock, run_start, run_end)
-        unknown_note = _unknown_note(points, redone_labels, redone_completed, run_end - run_start)
+        unknown_note = _unknown_note(points, redone_tally.by_label, redone_completed, run_end - run_start)
         warnings.append(_unknown_warning(points, by_label, unknown_note))
     blocks = raw_blocks
 
@@ -483,17 +519,16 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | F
 
 def _account(records: list[Event], blocks: list[_Block], shift: dict[int, int], stragglers: list[Any],
              clock: _ReferenceClock, run_start: float, run_end: float
-             ) -> tuple[_Attempts, dict[str, float], dict[int, float], int]:
-    """Cut the wall time with the steps numbered as ``blocks`` say: the attempts, seconds per label, seconds
-    per interrupted attempt, and the highest kept step."""
+             ) -> tuple[_Attempts, _Tally, int]:
+    """Cut the wall time with the steps numbered as ``blocks`` say: the attempts, the seconds per label and per
+    interrupted attempt, and the highest kept step."""
     attempts = _collect_attempts(records, blocks, clock, run_start)
     intervals, completed = _step_intervals(blocks, attempts.redo_from)
     for attempt in attempts.numbers:
         intervals.extend(_attempt_intervals(attempts, attempt, clock, run_start, run_end))
     intervals.extend(_straggler_intervals(stragglers, attempts.redo_from, shift))
     intervals.extend(_checkpoint_intervals(records, clock, attempts))
-    by_label, by_owner = _tally(_sweep(intervals, run_start, run_end))
-    return attempts, by_label, by_owner, completed
+    return attempts, _tally(_sweep(intervals, run_start, run_end)), completed
 
 
 def _loaded_steps(records: list[Event]) -> dict[int, int]:

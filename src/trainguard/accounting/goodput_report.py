@@ -31,7 +31,13 @@ class Interruption:
     culprit_hosts: tuple[str, ...]
     verdict: str
     time_lost_seconds: float
-    """Lost progress + detection + restart gap of this attempt, plus start-up and restore of the next."""
+    """The whole cost: lost progress + detection + restart gap of this attempt, plus start-up and restore of the
+    next."""
+    lost_steps: int | None = None
+    """Steps trained before the interruption that the next attempt ran again (the highest step reached minus the
+    step it resumed from); None when its resume point is unknown or no attempt with steps followed."""
+    lost_progress_seconds: float = 0.0
+    """The part of the whole cost that was training redone: the time those lost steps had taken."""
 
 
 @dataclass(frozen=True)

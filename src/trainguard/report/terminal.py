@@ -65,8 +65,9 @@ def render_report(report: GoodputReport, *, max_interruptions: int = 25) -> str:
             f"  {_BUCKET_TITLES[bucket]:<36} {format_seconds(secs):>12} {secs / wall:7.2%}  {_bar(secs / wall)}"
         )
     if report.interruptions:
+        # lost steps and the seconds they took, then the whole cost (with detection, restart and start-up)
         lines += ["", "interruptions", f"  {'at':>11}  {'kind':<10} {'step':>6}  {'detect':>8}  "
-                  f"{'category':<28} {'culprit':<18} {'lost':>10}"]
+                  f"{'category':<28} {'culprit':<18} {'lost steps':>10} {'lost progress':>13} {'whole cost':>10}"]
         shown = report.interruptions
         if len(shown) > max_interruptions:
             costly = sorted(shown, key=lambda i: -i.time_lost_seconds)[:max_interruptions]
@@ -76,7 +77,8 @@ def render_report(report: GoodputReport, *, max_interruptions: int = 25) -> str:
             lines.append(
                 f"  {format_seconds(i.time_seconds):>11}  {i.kind:<10} {'-' if i.step is None else i.step:>6}  "
                 f"{i.detection_latency_seconds:7.1f}s  {i.category[:28]:<28} "
-                f"{culprit[:18]:<18} {format_seconds(i.time_lost_seconds):>10}"
+                f"{culprit[:18]:<18} {'?' if i.lost_steps is None else i.lost_steps:>10} "
+                f"{format_seconds(i.lost_progress_seconds):>13} {format_seconds(i.time_lost_seconds):>10}"
             )
         if len(shown) < len(report.interruptions):
             lines.append(f"  ... {len(report.interruptions) - len(shown)} more, cheaper ones (all of them: --json)")
