@@ -12,7 +12,8 @@ listener created by the expected worker pid under its own uid. A rank whose name
 ``\\0trainguard-<pid>-<random>`` instead, which the agent finds in ``/proc/net/unix`` and checks the same way.
 A reply of the wrong shape is dropped (`parse_reply`): it is evidence of nothing.
 Requests are bounded (4 KiB, 2 s) and each accepted connection is served by its own short-lived thread, so
-a stuck client cannot starve the agent. Dumps go only into the evidence folder fixed at worker start (see `trainguard.core.safefs`).
+a stuck client cannot starve the agent. Dumps go only into the evidence folder fixed at worker start (see
+`trainguard.core.safefs`).
 """
 
 from __future__ import annotations
