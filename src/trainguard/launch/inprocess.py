@@ -17,11 +17,10 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
@@ -30,6 +29,7 @@ from trainguard.core.events import Event, InProcessRecovery
 from trainguard.core.protocol import RunLayout
 from trainguard.launch.attempts import InProcess, InProcessDone
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.local_rendezvous import loopback_server
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import StoreSigner, job_signer
 from trainguard.launch.warm import WarmSpares
@@ -60,23 +60,6 @@ class RecoveryHost(Protocol):
     def close_attempt(self, reason: str, exit_code: int | None) -> None: ...
 
     def stop_local_workers(self, death_sig: signal.Signals) -> None: ...
-
-
-def _loopback_store(timeout: timedelta) -> Any:
-    """A TCPStore on a free port of 127.0.0.1 only: torch's own server would listen on every interface, so
-    the socket is bound here and handed over (``master_listen_fd``, public API)."""
-    from torch.distributed import TCPStore
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1024)
-        port = int(sock.getsockname()[1])
-    except OSError:
-        sock.close()
-        raise
-    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout,
-                    master_listen_fd=sock.detach())
 
 
 def _link_logs(agent: RecoveryHost, workers: WorkerProcesses, wg: WorkerGroup) -> None:
@@ -125,7 +108,7 @@ class InProcessRestarts:
         self.spares = spares
         """Warm spare processes that take failed ranks' places (``--warm-spares``); None: cold processes."""
         self.keys = SignedKeys(signer)
-        self.store = _loopback_store(timedelta(seconds=max(timeout_seconds, 10.0)))
+        self.store = loopback_server(timedelta(seconds=max(timeout_seconds, 10.0)))
         self.pending: PendingRecovery | None = None
 
     @classmethod
