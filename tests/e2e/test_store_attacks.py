@@ -374,7 +374,7 @@ def test_a_second_uid_cannot_steer_an_in_process_restart(tmp_path: Path) -> None
     # Recovered in process into the agent's attempt 1: no fallback to a whole restart, no attempt 5.
     assert [(r["attempt"], r["status"]) for r in of_type(records, "inprocess_recovery")] == [(1, "recovered")]
     assert [a["recovery"] for a in of_type(records, "attempt_started")] == ["", "in-process"]
-    assert {e["attempt"] for e in events(run_dir, "rank-")} <= {0, 1}
+    assert {e["attempt"] for e in events(run_dir, "rank-") if "attempt" in e} == {0, 1}
     log0 = (run_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
     assert "rank 0 re-enters in attempt 1" in log0 and "attempt 5" not in log0
     assert not evil_hb.exists() and not evil_ev.exists()  # the attacker's environment reached no rank
