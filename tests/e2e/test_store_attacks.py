@@ -354,7 +354,7 @@ def test_a_second_uid_cannot_steer_an_in_process_restart(tmp_path: Path) -> None
 
         _wait("the in-process store in a worker's environment", store_known, proc, log, 120)
         port = int(found[0].rpartition(":")[2])
-        assert _listening(port) == {"127.0.0.1"}, _listening(port)
+        listening = _listening(port)
         assert attacker.stdin is not None
         attacker.stdin.write(f"{port}\n")
         attacker.stdin.flush()
@@ -378,6 +378,7 @@ def test_a_second_uid_cannot_steer_an_in_process_restart(tmp_path: Path) -> None
     log0 = (run_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
     assert "rank 0 re-enters in attempt 1" in log0 and "attempt 5" not in log0
     assert not evil_hb.exists() and not evil_ev.exists()  # the attacker's environment reached no rank
+    assert listening == {"127.0.0.1"}, listening  # and only local users could try
 
 
 # Binds the control-channel names of the next pids (``\0trainguard-<pid>``), says "squatting", and answers every
