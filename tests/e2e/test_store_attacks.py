@@ -11,6 +11,7 @@ by the agent at every keep-alive: a forged one ran the attacker's code as the jo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import shutil
@@ -267,3 +268,218 @@ def test_a_second_uid_cannot_run_code_through_the_etcd_rendezvous_state(tmp_path
     _forged_state_attack(tmp_path, ("--rdzv-backend", "etcd-v2", "--rdzv-endpoint", endpoint,
                                     "--rdzv-id", "attacked", "--nnodes", "1"),
                          lambda marker, line: ("etcd", key), signed_now)
+
+
+# --- every channel of a single-node job: the in-process store, the control sockets, the workers' store -------
+
+INPROCESS_SCRIPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt_inprocess.py"
+
+# Imports torch first (seconds), says "ready", then takes the in-process store's port from stdin and rewrites,
+# in a loop, every attempt's ``next`` (go to attempt 5) and attempt 5's environment (the attacker's folders).
+HIJACK = r"""
+import json, sys, time, datetime
+sys.path.insert(0, sys.argv[1])
+import torch.distributed as dist
+print("ready", flush=True)
+port = int(sys.stdin.readline())
+store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+env = json.dumps({"TRAINGUARD_ATTEMPT": "5", "TRAINGUARD_HEARTBEAT_DIR": sys.argv[2],
+                  "TRAINGUARD_EVIDENCE_DIR": sys.argv[3]})
+first = True
+while True:
+    for attempt in range(5):
+        store.set(f"trainguard/inprocess/attempt-{attempt}/next", "5")
+    store.set("trainguard/inprocess/attempt-5/env", env)
+    if first:
+        print("writing", time.time(), flush=True)
+        first = False
+    time.sleep(0.01)
+"""
+
+
+def _as_nobody_popen(script: str, *argv: str) -> subprocess.Popen[str]:
+    python = _attacker_python()
+    if shutil.which("setpriv") is None or python is None or psutil.Process().uids().real != 0:
+        pytest.fail("this test needs root, setpriv and a system Python matching the project's")
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,
+                             "-c", script, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd="/")
+
+
+def _line(attacker: subprocess.Popen[str], word: str) -> str:
+    """The attacker's next stdout line, which must start with ``word`` (readline waits for the attacker)."""
+    assert attacker.stdout is not None
+    line = attacker.stdout.readline()
+    if not line.startswith(word):
+        attacker.kill()
+        raise AssertionError(f"attacker said {line!r}: {attacker.communicate()[1][-2000:]}")
+    return line
+
+
+def _worker_env(proc: subprocess.Popen[bytes], name: str) -> str | None:
+    """``name`` in the environment of one of the job's workers, once one runs."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                value = child.environ().get(name)
+                if value:
+                    return str(value)
+    return None
+
+
+def _listening(port: int) -> set[str]:
+    return {c.laddr.ip for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_second_uid_cannot_steer_an_in_process_restart(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "agent.log"
+    evil_hb, evil_ev = tmp_path / "evil-heartbeats", tmp_path / "evil-evidence"
+    attacker = _as_nobody_popen(HIJACK, _site_packages(), str(evil_hb), str(evil_ev))
+    proc = None
+    try:
+        _line(attacker, "ready")  # torch imported: it writes within milliseconds of learning the port
+        proc = start_trainguard(
+            "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--no-health-checks",
+            "--max-restarts", "2", "--hang-floor", "3", "--in-process", "--inject", "crash@step=10,rank=1",
+            "--", str(INPROCESS_SCRIPT), "--steps", "16", "--ckpt-every", "4", "--seed", "3", *TINY, log=log)
+        found: list[str] = []
+
+        def store_known() -> bool:
+            value = _worker_env(proc, "TRAINGUARD_INPROCESS_STORE")
+            found[:] = [value] if value else []
+            return bool(found)
+
+        _wait("the in-process store in a worker's environment", store_known, proc, log, 120)
+        port = int(found[0].rpartition(":")[2])
+        listening = _listening(port)
+        assert attacker.stdin is not None
+        attacker.stdin.write(f"{port}\n")
+        attacker.stdin.flush()
+        writing_since = float(_line(attacker, "writing").split()[1])
+        code = proc.wait(timeout=300)
+    finally:
+        attacker.kill()
+        attacker.wait()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert json_result(log)["status"] == "completed"
+    records = events(run_dir)
+    [failure] = of_type(records, "failure_detected")
+    assert failure["kind"] == "crash" and failure["time"] > writing_since  # the forgeries were there first
+    # Recovered in process into the agent's attempt 1: no fallback to a whole restart, no attempt 5.
+    assert [(r["attempt"], r["status"]) for r in of_type(records, "inprocess_recovery")] == [(1, "recovered")]
+    assert [a["recovery"] for a in of_type(records, "attempt_started")] == ["", "in-process"]
+    assert {e["attempt"] for e in events(run_dir, "rank-") if "attempt" in e} == {0, 1}
+    log0 = (run_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
+    assert "rank 0 re-enters in attempt 1" in log0 and "attempt 5" not in log0
+    assert not evil_hb.exists() and not evil_ev.exists()  # the attacker's environment reached no rank
+    assert listening == {"127.0.0.1"}, listening  # and only local users could try
+
+
+# Binds the control-channel names of the next pids (``\0trainguard-<pid>``), says "squatting", and answers every
+# connection with a reply of the wrong shape.
+SQUAT = r"""
+import resource, selectors, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+count = min(int(sys.argv[1]), hard - 64)
+first = int(open("/proc/sys/kernel/ns_last_pid").read()) + 1
+sel = selectors.DefaultSelector()
+for pid in range(first, first + count):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind("\0trainguard-%d" % pid)
+    except OSError:
+        s.close()
+        continue
+    s.listen(64)
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
+print("squatting", first, first + count, flush=True)
+while True:
+    for key, _ in sel.select():
+        try:
+            conn, _ = key.fileobj.accept()
+        except OSError:
+            continue
+        with conn:
+            conn.settimeout(1)
+            try:
+                conn.sendall(b'{"ok": true, "step": "x", "files": "nope"}\n')
+            except OSError:
+                pass
+"""
+SQUATTED_PIDS = 6000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_second_uid_squatting_the_control_channel_names_is_never_heard(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "agent.log"
+    squatter = _as_nobody_popen(SQUAT, str(SQUATTED_PIDS))
+    try:
+        first, last = (int(x) for x in _line(squatter, "squatting").split()[1:3])
+        proc = start_trainguard(
+            "run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--no-health-checks",
+            "--max-restarts", "2", "--hang-floor", "3", "--inject", "hang@step=6,rank=0,attempt=0",
+            "--", str(TRAIN_GPT), "--steps", "12", "--ckpt-every", "3", *TINY, log=log)
+        try:
+            code = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        squatter.kill()
+        squatter.wait()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "agent error" not in text
+    assert json_result(log)["status"] == "completed"
+    records = events(run_dir)
+    logs = [(run_dir / "logs" / "attempt-0" / f"rank-{r}.log").read_text() for r in (0, 1)]
+    # The squat hit: the ranks' own names were taken, and they listened under others.
+    assert all("channel name of pid" in t for t in logs), [t[-1500:] for t in logs]
+    assert not any("no control channel" in t for t in logs)
+    taken = [int(m) for t in logs for m in re.findall(r"channel name of pid (\d+) was taken", t)]
+    assert len(taken) == 2 and all(first <= p < last for p in taken), (taken, first, last)
+    [failure] = of_type(records, "failure_detected")
+    assert failure["kind"] == "hang" and failure["ranks"] == [0]
+    # The evidence is the real ranks': both answered, and each wrote its own stacks.
+    diag = run_dir / "diagnostics" / "attempt-0"
+    assert json.loads((diag / "process_state.json").read_text())["answered"] == [0, 1]
+    for rank in (0, 1):
+        assert (diag / f"stacks_rank_{rank}.txt").stat().st_size > 0
+    assert [a["attempt"] for a in of_type(records, "attempt_started")] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_single_node_jobs_stores_listen_on_loopback_only(tmp_path: Path) -> None:
+    """The workers' process-group store and the in-process store of a one-node job: 127.0.0.1 only."""
+    run_dir, log = tmp_path / "run", tmp_path / "agent.log"
+    step_log, stop = tmp_path / "steps" / "log", tmp_path / "stop"
+    step_log.parent.mkdir()
+    proc = start_trainguard(
+        "run", "--standalone", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json", "--node-id", "vm-a",
+        "--no-health-checks", "--in-process",
+        "--", str(PLAIN_DDP), "--steps", "100000", "--step-seconds", "0.02", "--ckpt-dir", str(tmp_path / "ckpt"),
+        "--stop-file", str(stop), "--step-log", str(step_log), log=log)
+    try:
+        _wait("training steps", lambda: len(_steps(step_log)) == 2, proc, log, 120)
+        master = _worker_env(proc, "MASTER_PORT")
+        inprocess = _worker_env(proc, "TRAINGUARD_INPROCESS_STORE")
+        assert master and inprocess, (master, inprocess)
+        for port in (int(master), int(inprocess.rpartition(":")[2])):
+            assert _listening(port) == {"127.0.0.1"}, (port, _listening(port))
+        assert _worker_env(proc, "MASTER_ADDR") == "127.0.0.1"
+        stop.touch()
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, log.read_text()[-3000:]

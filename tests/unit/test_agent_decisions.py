@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 
-from trainguard.core import protocol
 from trainguard.core.eventlog import iter_events
 from trainguard.core.events import AttemptEnded, AttemptStarted, FailureDetected, InProcessRecovery
 from trainguard.launch.agent import GuardAgent
@@ -137,8 +136,8 @@ def test_a_crash_under_in_process_replaces_only_the_failed_rank_as_the_next_atte
     assert workers.replaced[0][1]["TRAINGUARD_ATTEMPT"] == "1"
     assert agent.attempt == 1 and agent.restarts_left() == 2
     assert agent.inprocess is not None
-    store = agent.inprocess.store
-    assert store.get(protocol.inprocess_key(0, "next")) == b"1"  # the survivors are told to go on
+    store, keys = agent.inprocess.store, agent.inprocess.keys
+    assert keys.open(0, "next", store.get(keys.key(0, "next"))) == "1"  # the survivors are told to go on
     events = _events(agent)
     failure = next(e for e in events if isinstance(e, FailureDetected))
     assert failure.attempt == 0 and failure.ranks == (1,)
@@ -146,7 +145,7 @@ def test_a_crash_under_in_process_replaces_only_the_failed_rank_as_the_next_atte
     assert any(isinstance(e, AttemptStarted) and e.attempt == 1 and e.recovery == "in-process" for e in events)
 
     # Every rank joined the new group: recorded, and the restart stays charged.
-    store.add(protocol.inprocess_key(1, "joined"), 2)
+    store.add(keys.key(1, "joined"), 2)
     assert agent.on_monitor(wg).state == WorkerState.HEALTHY
     recovered = [e for e in _events(agent) if isinstance(e, InProcessRecovery)]
     assert [(r.status, r.ranks, r.failure_kind) for r in recovered] == [("recovered", (1,), "exit")]

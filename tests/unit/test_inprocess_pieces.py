@@ -11,7 +11,8 @@ import torch.distributed as dist
 from trainguard.core import protocol
 from trainguard.core.events import AttemptStarted, InProcessRecovery, from_dict
 from trainguard.launch.config import SupervisorConfig
-from trainguard.worker.inprocess import InProcessGaveUp, InProcessSettings, peer_failure
+from trainguard.launch.store_auth import StoreSigner
+from trainguard.worker.inprocess import InProcessGaveUp, InProcessSettings, SignedKeys, _next_attempt, peer_failure
 from trainguard.worker.warm import top_level_imports
 
 
@@ -53,6 +54,9 @@ def test_settings_come_from_the_agent_environment_only() -> None:
                                         protocol.INPROCESS_TIMEOUT_ENV: "12.5", "TRAINGUARD_ATTEMPT": "3",
                                         "RANK": "1", "WORLD_SIZE": "4"})
     assert s == InProcessSettings(host="127.0.0.1", port=4242, timeout_seconds=12.5, attempt=3, rank=1, world_size=4)
+    with_dir = InProcessSettings.from_environ({protocol.INPROCESS_STORE_ENV: "127.0.0.1:4242",
+                                               "TRAINGUARD_RUN_DIR": "/runs/r"})
+    assert with_dir is not None and with_dir.run_dir == Path("/runs/r")
     assert protocol.inprocess_key(3, "pg/") == "trainguard/inprocess/attempt-3/pg/"
 
 
@@ -92,3 +96,35 @@ def test_records_round_trip_and_older_attempt_records_still_read() -> None:
     old = {"v": 1, "type": "attempt_started", "time": 1.0, "host": "n", "attempt": 1}
     started = from_dict(old)
     assert isinstance(started, AttemptStarted) and started.recovery == ""
+
+
+def test_in_process_keys_are_named_and_signed_with_the_job_secret(caplog: pytest.LogCaptureFixture) -> None:
+    keys, other = SignedKeys(StoreSigner(b"k" * 32)), SignedKeys(StoreSigner(b"x" * 32))
+    # Nobody without the secret can name the key the ranks read, nor write a value they accept.
+    assert keys.key(0, "next") != protocol.inprocess_key(0, "next") and keys.key(0, "next") != other.key(0, "next")
+    assert keys.key(0, "next").startswith(protocol.inprocess_key(0, "next") + "/")
+    assert keys.open(0, "next", keys.seal(0, "next", "1")) == "1"
+    assert keys.open(0, "next", keys.seal(1, "next", "1")) is None  # another attempt's value
+    assert keys.open(0, "env", keys.seal(0, "next", "1")) is None  # another key's value
+    assert keys.open(0, "next", b"5") is None
+    assert keys.open(0, "next", other.seal(0, "next", "5")) is None
+    assert keys.pg_prefix(2).startswith(protocol.inprocess_key(2, "pg") + "/")
+    assert sum("forged" in r.getMessage() for r in caplog.records) == 1  # said once, not per forged value
+
+
+def test_a_forged_next_attempt_counts_as_not_yet_written() -> None:
+    keys = SignedKeys(StoreSigner(b"k" * 32))
+    values = {keys.key(0, "next"): [b'{"value": "5", "mac": "00"}', keys.seal(0, "next", "1")]}
+
+    class Store:
+        def wait(self, names: list[str], timeout: object) -> None:
+            assert names == [keys.key(0, "next")]
+
+        def get(self, name: str) -> bytes:
+            got = values[name]
+            return got.pop(0) if len(got) > 1 else got[0]
+
+    assert _next_attempt(Store(), keys, 0, 10.0) == 1  # the forgery was skipped, the agent's value taken
+    values[keys.key(0, "next")] = [b"not signed"]
+    with pytest.raises(InProcessGaveUp):
+        _next_attempt(Store(), keys, 0, 0.5)

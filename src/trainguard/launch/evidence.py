@@ -136,6 +136,8 @@ def _ask_for_dumps(ev: GatheredEvidence, ask: Mapping[int, int], timeout_seconds
             ev.replies[rank] = reply
         elif isinstance(reply, (ConnectionRefusedError, FileNotFoundError)):
             ev.no_channel.append(rank)  # no control thread listens: the script runs without trainguard's worker side
+        elif isinstance(reply, ValueError):  # a malformed answer says nothing about the rank: not even "frozen"
+            log.warning("rank %d (pid %d) gave a malformed answer, ignored: %s", rank, ask[rank], reply)
         else:
             log.warning("rank %d (pid %d) gave no evidence: %s", rank, ask[rank], reply)
             ev.unanswered.append(rank)

@@ -94,7 +94,8 @@ def hang_finding(ev: evidence.GatheredEvidence, verdict: Verdict, world: int, la
                  attempt: int) -> HangFinding:
     """Blame from the dumps in ``ev.directory``, the ranks' replies and the watchdog's verdict."""
     dumps = evidence.read_dumps(ev.directory)
-    steps = {r: int(rep.get("step", verdict.last_steps.get(r, 0))) for r, rep in ev.replies.items()}
+    # Replies are checked when read (`trainguard.worker.control.parse_reply`); a step of another type is ignored.
+    steps = {r: rep["step"] for r, rep in ev.replies.items() if type(rep.get("step")) is int}
     for r, s in verdict.last_steps.items():
         steps.setdefault(r, s)
     found = blame.hang_culprits(blame.HangFacts(

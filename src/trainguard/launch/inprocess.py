@@ -5,9 +5,10 @@ group. The agent opens the next attempt, starts one new process per failed local
 environment, and publishes the attempt on its own store (``trainguard.core.protocol.inprocess_key``); the
 surviving ranks, waiting in `trainguard.worker.inprocess.restartable`, re-form the process group with
 them. If the group is not complete within the timeout, the agent falls back to a whole-process restart.
-Single node only (the store lives in this agent). Whether to restart in process, and the attempt number and
-budget that go with it, are `trainguard.launch.attempts`'s decision (`InProcess`); this module carries it
-out and reports how it ended (`InProcessDone`).
+Single node only (the store lives in this agent, listening on loopback only; its keys are named and signed
+with the job secret: `trainguard.worker.inprocess.SignedKeys`). Whether to restart in process, and the
+attempt number and budget that go with it, are `trainguard.launch.attempts`'s decision (`InProcess`); this
+module carries it out and reports how it ended (`InProcessDone`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from trainguard.core.events import Event, InProcessRecovery
 from trainguard.core.protocol import RunLayout
 from trainguard.launch.attempts import InProcess, InProcessDone
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.local_rendezvous import loopback_server
 from trainguard.launch.stop import stop_processes
+from trainguard.launch.store_auth import StoreSigner, job_signer
 from trainguard.launch.warm import WarmSpares
 from trainguard.torch_api.elastic import WorkerProcesses
+from trainguard.worker.inprocess import SignedKeys
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +100,15 @@ class PendingRecovery:
 class InProcessRestarts:
     """The agent's in-process store and the recovery in progress."""
 
-    def __init__(self, timeout_seconds: float, spares: WarmSpares | None = None, fresh: bool = False) -> None:
-        from torch.distributed import TCPStore
-
+    def __init__(self, timeout_seconds: float, signer: StoreSigner, spares: WarmSpares | None = None,
+                 fresh: bool = False) -> None:
         self.timeout_seconds = timeout_seconds
         self.fresh = fresh
         """Every local rank gets a new process after a failure (``--fresh-processes``), not only the failed."""
         self.spares = spares
         """Warm spare processes that take failed ranks' places (``--warm-spares``); None: cold processes."""
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=max(timeout_seconds, 10.0)))
+        self.keys = SignedKeys(signer)
+        self.store = loopback_server(timedelta(seconds=max(timeout_seconds, 10.0)))
         self.pending: PendingRecovery | None = None
 
     @classmethod
@@ -114,7 +117,8 @@ class InProcessRestarts:
         agent's warm spares."""
         if not cfg.in_process:
             return None
-        return cls(cfg.in_process_timeout_seconds, spares, cfg.fresh_processes)
+        # The workers read the same secret (the run directory's file, or the launcher's variable).
+        return cls(cfg.in_process_timeout_seconds, job_signer(cfg.run_dir), spares, cfg.fresh_processes)
 
     def environ(self) -> dict[str, str]:
         """What every worker gets on top of the usual environment."""
@@ -141,12 +145,13 @@ class InProcessRestarts:
         # Ranks that died meanwhile (an error of their own) are replaced too.
         dead = sorted({*failed, *(w.global_rank for w in wg.workers if procs[w.local_rank].poll() is not None)})
         env = agent.worker_environ()
-        self.store.set(protocol.inprocess_key(decision.attempt, "env"),
-                       json.dumps({k: env[k] for k in protocol.INPROCESS_ATTEMPT_ENV if k in env}))
+        self.store.set(self.keys.key(decision.attempt, "env"), self.keys.seal(
+            decision.attempt, "env", json.dumps({k: env[k] for k in protocol.INPROCESS_ATTEMPT_ENV if k in env})))
         agent.open_attempt(wg, recovery="in-process")
         warm = sum(self._replace(workers, wg, local[rank], env) for rank in dead)
         _link_logs(agent, workers, wg)
-        self.store.set(protocol.inprocess_key(decision.previous, "next"), str(decision.attempt))  # the survivors go
+        self.store.set(self.keys.key(decision.previous, "next"),  # the survivors go
+                       self.keys.seal(decision.previous, "next", str(decision.attempt)))
         now = time.monotonic()
         self.pending = PendingRecovery(decision.attempt, tuple(dead), decision.kind, now, now + self.timeout_seconds,
                                        warm)
@@ -172,7 +177,7 @@ class InProcessRestarts:
         p = self.pending
         if p is None:
             return None
-        joined = int(self.store.add(protocol.inprocess_key(p.attempt, "joined"), 0))
+        joined = int(self.store.add(self.keys.key(p.attempt, "joined"), 0))
         world = wg.workers[0].world_size if wg.workers else 0
         now = time.monotonic()
         if joined >= world:

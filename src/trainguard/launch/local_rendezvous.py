@@ -56,6 +56,23 @@ def _store(host: str, port: int, read_timeout: float, host_it: bool) -> Any:
     return dist.TCPStore(host, port, is_master=False, timeout=timeout)
 
 
+def loopback_server(timeout: timedelta, host: str = "127.0.0.1") -> Any:
+    """A TCPStore hosted by this process on a free port of ``host`` only (torch's own server would listen on
+    every interface): the in-process store, and the workers' store of a one-node job."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(1024)
+        port = int(sock.getsockname()[1])
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True, timeout=timeout,
+                         master_listen_fd=sock.detach())
+
+
 def loopback_store(params: Any, host: str) -> Any:
     """The c10d rendezvous store for ``params`` (a loopback endpoint), bound to ``host`` when this agent hosts it."""
     port = int(params.endpoint.rsplit(":", 1)[1])

@@ -82,22 +82,24 @@ class StoreSigner:
         mac = self.tag(context, *(f"{k}={fields[k]}" for k in sorted(fields)))
         return json.dumps({**fields, "mac": mac}).encode()
 
-    def verify(self, context: str, raw: bytes, names: tuple[str, ...]) -> dict[str, str] | None:
-        """The fields of a value `sign` made for ``context``, or None (with a warning) when it is malformed,
-        lacks a field of ``names``, or its tag does not verify."""
+    def verify(self, context: str, raw: bytes, names: tuple[str, ...], report: bool = True) -> dict[str, str] | None:
+        """The fields of a value `sign` made for ``context``, or None (with an error logged unless not
+        ``report``) when it is malformed, lacks a field of ``names``, or its tag does not verify."""
         try:
             data: Any = json.loads(bytes(raw).decode())
         except (ValueError, UnicodeDecodeError):
             data = None
         # Errors, not warnings: someone else writes into this job's store, and the console must say so.
         if not isinstance(data, dict) or not all(isinstance(data.get(n), str) for n in (*names, "mac")):
-            log.error("ignored a malformed value under %s in the rendezvous store", context)
+            if report:
+                log.error("ignored a malformed value under %s in the rendezvous store", context)
             return None
         fields = {n: data[n] for n in names}
         expected = self.tag(context, *(f"{k}={fields[k]}" for k in sorted(fields)))
         if not hmac.compare_digest(expected, data["mac"]):
-            log.error("ignored an unsigned or forged value under %s in the rendezvous store "
-                        "(another local user may be writing to it)", context)
+            if report:
+                log.error("ignored an unsigned or forged value under %s in the rendezvous store "
+                          "(another local user may be writing to it)", context)
             return None
         return fields
 

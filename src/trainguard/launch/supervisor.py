@@ -189,13 +189,16 @@ def _rendezvous_handler(cfg: SupervisorConfig) -> Any:
     if cfg.rdzv_backend == "static":  # no pickled state: torch's own handler
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+        if cfg.max_nodes == 1:
+            return _LoopbackWorkerStore(get_rendezvous_handler(params))
         return _FreshWorkerStore(get_rendezvous_handler(params), cfg.local_addr)
     from trainguard.launch.signed_rendezvous import signed_handler
     from trainguard.launch.store_auth import job_signer
 
     # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
     loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None
-    return signed_handler(params, job_signer(cfg.run_dir), loopback)
+    handler = signed_handler(params, job_signer(cfg.run_dir), loopback)
+    return _LoopbackWorkerStore(handler) if cfg.max_nodes == 1 else handler
 
 
 def _finish(cfg: SupervisorConfig, agent: Any, watch: RunDirWatch, status: str, reason: str,
@@ -261,6 +264,40 @@ class _FreshWorkerStore:
         return RendezvousInfo(info.store, info.rank, info.world_size, bootstrap)
 
     def __getattr__(self, name: str) -> Any:  # everything else is the static handler's
+        return getattr(self._inner, name)
+
+
+class _LoopbackWorkerStore:
+    """A one-node job: the workers' process-group store hosted by this agent on 127.0.0.1, a new one each round.
+
+    Otherwise rank 0's worker hosts it through torch's ``env://`` start, and torch's TCPStore server listens
+    on every interface whatever ``MASTER_ADDR`` says. Here the agent binds the socket itself
+    (`trainguard.launch.local_rendezvous.loopback_server`) and tells the workers to join it as clients
+    (``use_agent_store``: ``TORCHELASTIC_USE_AGENT_STORE=True``, ``MASTER_ADDR=127.0.0.1``); a fresh store per
+    round keeps a restarted group off the dead attempt's keys, as `_FreshWorkerStore` does on several nodes.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._store: Any = None
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    def next_rendezvous(self) -> Any:
+        from datetime import timedelta
+
+        from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
+
+        from trainguard.launch.local_rendezvous import loopback_server
+
+        info = self._inner.next_rendezvous()
+        self._store = loopback_server(timedelta(minutes=30))  # the last round's store goes with its workers
+        return RendezvousInfo(info.store, info.rank, info.world_size,
+                              RendezvousStoreInfo(master_addr="127.0.0.1", master_port=int(self._store.port)))
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the wrapped handler's
         return getattr(self._inner, name)
 
 

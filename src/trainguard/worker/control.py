@@ -5,11 +5,15 @@ agent, which knows its workers' pids, reaches each rank without any file or port
 collective waits with the GIL released, so this thread runs while the main thread is blocked in one.
 Requests and replies are one JSON object per line.
 
-Abstract sockets have no file permissions: any local process can connect. So the kernel's record of
-the peer (``SO_PEERCRED``) decides: only this user's agent process (``TRAINGUARD_AGENT_PID``) is
-served; anyone else is disconnected before a byte is read. Requests are bounded (4 KiB, 2 s) and each
-accepted connection is served by its own short-lived thread, so a stuck client cannot starve the
-agent. Dumps go only into the evidence folder fixed at worker start (see `trainguard.core.safefs`).
+Abstract sockets have no file permissions: any local process can bind a name or connect. So the kernel's
+record of the peer (``SO_PEERCRED``) decides on both ends: the rank serves only this user's agent process
+(``TRAINGUARD_AGENT_PID``), anyone else is disconnected before a byte is read; the agent talks only to a
+listener created by the expected worker pid under its own uid. A rank whose name is already taken binds
+``\\0trainguard-<pid>-<random>`` instead, which the agent finds in ``/proc/net/unix`` and checks the same way.
+A reply of the wrong shape is dropped (`parse_reply`): it is evidence of nothing.
+Requests are bounded (4 KiB, 2 s) and each accepted connection is served by its own short-lived thread, so
+a stuck client cannot starve the agent. Dumps go only into the evidence folder fixed at worker start (see
+`trainguard.core.safefs`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ REQUEST_DEADLINE_SECONDS = 2.0
 MAX_HANDLERS = 4
 """Connections served at once; more are closed at once (only the agent gets this far)."""
 MAX_REPLY_BYTES = 1 << 20
+MAX_ALTERNATES = 256
+"""Alternative names of one pid the agent checks; more (someone else's squatting) are not looked at."""
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -48,6 +54,40 @@ _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid
 def socket_name(pid: int) -> str:
     """Abstract-namespace socket address of the rank with this pid."""
     return f"\0trainguard-{pid}"
+
+
+def alternate_names(pid: int) -> list[str]:
+    """Abstract names ``\\0trainguard-<pid>-<suffix>`` that exist now (from ``/proc/net/unix``), where a rank
+    whose own name was taken listens instead; whose they are is checked at connect (`connect_checked`)."""
+    prefix = f"@trainguard-{pid}-"
+    found: list[str] = []
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 8 and fields[-1].startswith(prefix) and fields[-1] not in found:
+                    found.append(fields[-1])
+    except OSError:
+        return []
+    return ["\0" + name[1:] for name in found[:MAX_ALTERNATES]]
+
+
+def _bind_own_name(sock: socket.socket) -> str:
+    """Bind ``sock`` to this process's name, or to a random alternative when someone else holds it."""
+    import errno
+    import secrets
+
+    try:
+        sock.bind(socket_name(os.getpid()))
+        return socket_name(os.getpid())
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    name = f"{socket_name(os.getpid())}-{secrets.token_hex(8)}"
+    sock.bind(name)
+    log.warning("control: the channel name of pid %d was taken by another process; listening under another",
+                os.getpid())
+    return name
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -132,7 +172,7 @@ class ControlThread:
         self._refused = 0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            self._sock.bind(socket_name(os.getpid()))
+            self.name = _bind_own_name(self._sock)
             self._sock.listen(16)
         except OSError:
             self._sock.close()
@@ -282,18 +322,64 @@ def _read_reply(sock: socket.socket, deadline: float) -> bytes:
     return bytes(data)
 
 
+def parse_reply(data: bytes) -> dict[str, Any]:
+    """A control reply as the agent may use it; `ValueError` when it is not one (not a JSON object, a
+    field of the wrong type): a malformed answer is evidence of nothing."""
+    if len(data) > MAX_REPLY_BYTES:
+        raise ValueError("reply too long")
+    try:
+        reply = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("reply is not JSON") from None
+    if not isinstance(reply, dict):
+        raise ValueError("reply is not a JSON object")
+    for key in ("step", "steps_done", "rank", "pid"):
+        if key in reply and (type(reply[key]) is not int):
+            raise ValueError(f"reply field {key!r} is not an integer")
+    if "ok" in reply and not isinstance(reply["ok"], bool):
+        raise ValueError("reply field 'ok' is not a boolean")
+    for key in ("phase", "error"):
+        if key in reply and reply[key] is not None and not isinstance(reply[key], str):
+            raise ValueError(f"reply field {key!r} is not a string")
+    files = reply.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ValueError("reply field 'files' is not a list of names")
+    return reply
+
+
+def connect_checked(pid: int, timeout_seconds: float) -> socket.socket:
+    """A connection to the control channel of the rank with ``pid``: its own name, else an alternative one,
+    whose listener the kernel says was created by ``pid`` under this user's uid. Another process holding
+    the name is never talked to; `ConnectionRefusedError` when no such listener exists."""
+    uid = os.getuid()
+    squatted = False
+    for name in (socket_name(pid), *alternate_names(pid)):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            # Short: a squatter that never accepts fills its backlog, and must not eat the request's time.
+            s.settimeout(min(timeout_seconds, 1.0))
+            s.connect(name)
+            peer_pid, peer_uid, _ = peer_credentials(s)
+            s.settimeout(timeout_seconds)
+        except OSError:
+            s.close()
+            continue
+        if peer_pid == pid and peer_uid == uid:
+            return s
+        s.close()
+        squatted = True
+    if squatted:
+        raise ConnectionRefusedError(f"no control channel of pid {pid} (its name is held by another process)")
+    raise ConnectionRefusedError(f"no control channel of pid {pid}")
+
+
 def request(pid: int, payload: dict[str, Any], timeout_seconds: float = 10.0) -> dict[str, Any]:
     """Send one request to the rank with ``pid``; raises OSError/TimeoutError/ValueError on failure."""
     deadline = time.monotonic() + timeout_seconds
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
-        s.settimeout(timeout_seconds)
-        s.connect(socket_name(pid))
+    with connect_checked(pid, timeout_seconds) as s:
         s.sendall((json.dumps(payload) + "\n").encode())
         data = _read_reply(s, deadline)
-    reply = json.loads(data)
-    if not isinstance(reply, dict):
-        raise ValueError("bad reply")
-    return reply
+    return parse_reply(data)
 
 
 def request_all(pids: Mapping[int, int], payload: dict[str, Any], timeout_seconds: float,

@@ -5,7 +5,9 @@ hanging) does not exit: it tears its process group down, waits for the agent to 
 (only the failed ranks get new processes), re-forms the group under that attempt's store prefix and calls
 the function again, which restores from its checkpoint. Without ``--in-process`` (plain torchrun, or
 ``trainguard run`` without the flag) the wrapper only initializes and destroys the process group.
-See docs/run.md ("In-process restart").
+The store's keys are named and their values signed with the job secret (`SignedKeys`): any local user can
+reach a TCPStore, and a forged ``next``/``env`` would send a rank into an attempt of someone else's making.
+See docs/run.md ("In-process restart") and docs/security.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
 from trainguard.core import protocol
+from trainguard.launch.store_auth import StoreSigner, job_signer
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,37 @@ _PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "tim
 
 class InProcessGaveUp(RuntimeError):
     """The agent started no new attempt within the timeout after a peer failure; the rank exits."""
+
+
+class SignedKeys:
+    """The in-process store's keys, bound to the job secret: each key's name carries a tag only holders of
+    the secret can compute (so nobody else can write it), and each value carries an HMAC (so a value that
+    got there some other way is refused, as if not yet written)."""
+
+    def __init__(self, signer: StoreSigner) -> None:
+        self._signer = signer
+        self._refused = False
+
+    def key(self, attempt: int, name: str) -> str:
+        return self._signer.claim_key(protocol.inprocess_key(attempt, name))
+
+    def pg_prefix(self, attempt: int) -> str:
+        """Prefix of the process group's own keys in ``attempt``."""
+        return self.key(attempt, "pg") + "/"
+
+    def seal(self, attempt: int, name: str, value: str) -> bytes:
+        return self._signer.sign(self.key(attempt, name), {"value": value})
+
+    def open(self, attempt: int, name: str, raw: bytes) -> str | None:
+        """The value `seal` made, or None (logged once per process) when it does not verify."""
+        fields = self._signer.verify(self.key(attempt, name), raw, ("value",), report=False)
+        if fields is not None:
+            return fields["value"]
+        if not self._refused:  # once: a forger writing in a loop must not flood the rank's log
+            self._refused = True
+            log.error("trainguard: ignored an unsigned or forged %r for attempt %d in the in-process store "
+                      "(another local user may be writing to it)", name, attempt)
+        return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +87,8 @@ class InProcessSettings:
     """Global rank (``RANK``); the same in every attempt."""
     world_size: int
     """``WORLD_SIZE``; the same in every attempt."""
+    run_dir: Path | None = None
+    """The run directory, whose job secret signs the store (``TRAINGUARD_RUN_DIR``)."""
 
     @classmethod
     def from_environ(cls, env: dict[str, str] | None = None) -> InProcessSettings | None:
@@ -65,7 +101,8 @@ class InProcessSettings:
             timeout = float(env.get(protocol.INPROCESS_TIMEOUT_ENV, "60"))
             return cls(host=host, port=int(port), timeout_seconds=max(1.0, timeout),
                        attempt=int(env.get("TRAINGUARD_ATTEMPT", "0")), rank=int(env.get("RANK", "0")),
-                       world_size=int(env.get("WORLD_SIZE", "1")))
+                       world_size=int(env.get("WORLD_SIZE", "1")),
+                       run_dir=Path(env["TRAINGUARD_RUN_DIR"]) if env.get("TRAINGUARD_RUN_DIR") else None)
         except ValueError:
             return None
 
@@ -134,11 +171,30 @@ def _last_words(exc: BaseException, rank: int) -> None:
         log.warning("trainguard: no evidence from the broken attempt (%s)", err)
 
 
-def _enter_attempt(store: Any, attempt: int) -> None:
+def _signed_value(store: Any, keys: SignedKeys, attempt: int, name: str, deadline: float) -> str:
+    """The signed value of ``name`` in ``attempt``, waiting for it until ``deadline`` (``time.monotonic()``);
+    a value that does not verify counts as not yet written. `InProcessGaveUp` after the deadline."""
+    key = keys.key(attempt, name)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise InProcessGaveUp(f"no signed {name!r} for attempt {attempt} in time")
+        try:
+            store.wait([key], timedelta(seconds=remaining))
+        except Exception as exc:
+            raise InProcessGaveUp(f"no {name!r} for attempt {attempt} within the timeout") from exc
+        value = keys.open(attempt, name, store.get(key))
+        if value is not None:
+            return value
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))  # the agent's own write replaces it
+
+
+def _enter_attempt(store: Any, keys: SignedKeys, attempt: int, deadline: float) -> None:
     """Take the new attempt's environment and drop this process's trainguard runtime, so the function's next
     ``trainguard.attach()`` (or the automatic hooks) writes heartbeats and events for the new attempt."""
-    raw = store.get(protocol.inprocess_key(attempt, "env"))
-    updates = json.loads(raw.decode())
+    updates = json.loads(_signed_value(store, keys, attempt, "env", deadline))
+    if not isinstance(updates, dict):
+        raise InProcessGaveUp(f"attempt {attempt}'s environment is not a JSON object")
     os.environ.update({k: str(v) for k, v in updates.items() if k in protocol.INPROCESS_ATTEMPT_ENV})
     from trainguard.worker import runtime
 
@@ -150,14 +206,16 @@ def _enter_attempt(store: Any, attempt: int) -> None:
         sdc.uninstall()
 
 
-def _next_attempt(store: Any, attempt: int, timeout_seconds: float) -> int:
+def _next_attempt(store: Any, keys: SignedKeys, attempt: int, timeout_seconds: float) -> int:
     """Block until the agent names the attempt after ``attempt``; `InProcessGaveUp` after the timeout."""
-    key = protocol.inprocess_key(attempt, "next")
+    deadline = time.monotonic() + timeout_seconds
     try:
-        store.wait([key], timedelta(seconds=timeout_seconds))
-    except Exception as exc:
+        value = _signed_value(store, keys, attempt, "next", deadline)
+    except InProcessGaveUp as exc:
         raise InProcessGaveUp(f"no new attempt within {timeout_seconds:g}s after attempt {attempt} failed") from exc
-    return int(store.get(key).decode())
+    if not value.isdigit() or int(value) <= attempt:
+        raise InProcessGaveUp(f"the agent named attempt {value!r} after attempt {attempt}")
+    return int(value)
 
 
 class _AbortWatch:
@@ -165,9 +223,9 @@ class _AbortWatch:
     inside the function. A gloo collective fails by itself when a peer dies (its sockets close); an NCCL one
     may wait for the process-group timeout. Untested here (no GPUs)."""
 
-    def __init__(self, settings: InProcessSettings, attempt: int) -> None:
+    def __init__(self, settings: InProcessSettings, keys: SignedKeys, attempt: int) -> None:
         self._settings = settings
-        self._key = protocol.inprocess_key(attempt, "next")
+        self._key = keys.key(attempt, "next")
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainguard-inprocess-abort", daemon=True)
         self._thread.start()
@@ -204,6 +262,7 @@ class _Restarter:
 
         self.settings = settings
         self.backend = backend
+        self.keys = SignedKeys(job_signer(settings.run_dir or Path(".")))
         self.store = dist.TCPStore(settings.host, settings.port, is_master=False,
                                    timeout=timedelta(seconds=settings.timeout_seconds))
 
@@ -213,15 +272,15 @@ class _Restarter:
         from trainguard.worker.library import pg_timeout
 
         s = self.settings
-        pg_store = dist.PrefixStore(protocol.inprocess_key(attempt, "pg/"), self.store)
+        pg_store = dist.PrefixStore(self.keys.pg_prefix(attempt), self.store)
         dist.init_process_group(self.backend, store=pg_store, rank=s.rank, world_size=s.world_size,
                                 timeout=pg_timeout())
-        self.store.add(protocol.inprocess_key(attempt, "joined"), 1)
+        self.store.add(self.keys.key(attempt, "joined"), 1)
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self.settings.attempt
         while True:
-            watch = _AbortWatch(self.settings, attempt) if self.backend == "nccl" else None
+            watch = _AbortWatch(self.settings, self.keys, attempt) if self.backend == "nccl" else None
             try:
                 self._form_group(attempt)
                 result = fn(*args, **kwargs)
@@ -235,8 +294,8 @@ class _Restarter:
                             attempt, self.settings.rank, type(exc).__name__, str(exc).splitlines()[0][:200])
                 _last_words(exc, self.settings.rank)
                 _teardown(self.backend)
-                attempt = _next_attempt(self.store, attempt, self.settings.timeout_seconds)
-                _enter_attempt(self.store, attempt)
+                attempt = _next_attempt(self.store, self.keys, attempt, self.settings.timeout_seconds)
+                _enter_attempt(self.store, self.keys, attempt, time.monotonic() + self.settings.timeout_seconds)
                 log.warning("trainguard: rank %d re-enters in attempt %d (%.2fs after the failure)",
                             self.settings.rank, attempt, time.monotonic() - failed_mono)
                 continue
