@@ -122,3 +122,13 @@ def test_the_watch_names_a_rank_slow_from_the_first_step_within_30_steps(tmp_pat
             break
     assert named_at is not None and named_at <= 31
     assert [(r.rank, r.onset_step) for r in emitted if isinstance(r, StragglerDetected)] == [(2, 2)]
+
+
+def test_a_job_shorter_than_the_check_interval_is_checked_when_it_completes(tmp_path: Path) -> None:
+    w, emitted = _watch(tmp_path)
+    records, _, _ = synth(ranks=4, slow={2: 1.3}, onset=1, jitter=0.3, seed=3)
+    _write_steps(tmp_path, records)
+    w.finish(leader=False)
+    assert emitted == []  # only the leader judges
+    w.finish(leader=True)
+    assert [(r.rank, r.step <= 31) for r in emitted if isinstance(r, StragglerDetected)] == [(2, True)]

@@ -215,6 +215,17 @@ class AgentWatch:
         except Exception as exc:  # the watch must never stop the job
             log.warning("straggler check failed: %s", exc)
 
+    def finish(self, leader: bool) -> None:
+        """The attempt's workers all finished: one last check of its steps (the leader's), so that a job shorter
+        than ``probe_seconds`` still has its stragglers recorded. Steps only: the ranks are gone, nothing to probe."""
+        if self.settings.probe_seconds <= 0 or not leader:
+            return
+        try:
+            self._read_steps()
+            self.check()
+        except Exception as exc:  # the watch must never stop the job
+            log.warning("straggler check failed: %s", exc)
+
     # --- flight-recorder probes ---------------------------------------------------------------------
 
     def probe_dir(self, n: int) -> Path:
