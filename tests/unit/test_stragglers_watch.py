@@ -107,3 +107,28 @@ def test_goodput_straggler_bucket_takes_the_cost_out_of_productive_time() -> Non
     rep = compute_goodput([LoadedEvent("x", i, e) for i, e in enumerate(
         [RunStarted(time=clean[0].time - 1, run_id="r"), *clean])])
     assert rep.badput_seconds["straggler"] == 0.0
+
+
+def test_the_watch_names_a_rank_slow_from_the_first_step_within_30_steps(tmp_path: Path) -> None:
+    # Busy host: the healthy ranks' scheduling delays often exceed the slow rank's pause (the demo at load 3-7).
+    w, emitted = _watch(tmp_path)
+    records, _, _ = synth(ranks=4, slow={2: 1.3}, onset=1, jitter=0.3, seed=3)
+    named_at = None
+    for step in range(1, 61):  # one check per step: the first that names it
+        _write_steps(tmp_path, [e for e in records if getattr(e, "step", None) == step])
+        w._read_steps()
+        if w.check():
+            named_at = step
+            break
+    assert named_at is not None and named_at <= 31
+    assert [(r.rank, r.onset_step) for r in emitted if isinstance(r, StragglerDetected)] == [(2, 2)]
+
+
+def test_a_job_shorter_than_the_check_interval_is_checked_when_it_completes(tmp_path: Path) -> None:
+    w, emitted = _watch(tmp_path)
+    records, _, _ = synth(ranks=4, slow={2: 1.3}, onset=1, jitter=0.3, seed=3)
+    _write_steps(tmp_path, records)
+    w.finish(leader=False)
+    assert emitted == []  # only the leader judges
+    w.finish(leader=True)
+    assert [(r.rank, r.step <= 31) for r in emitted if isinstance(r, StragglerDetected)] == [(2, True)]

@@ -387,6 +387,7 @@ class GuardAgent(ElasticAgentBase):
         if result.state == WorkerState.FAILED:
             return self._on_exit(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
+            self.watch.finish(self.leader)  # a run shorter than the check interval is judged once too
             self.close_attempt("completed", 0)
         return result
 

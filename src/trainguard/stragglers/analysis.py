@@ -48,10 +48,21 @@ class StragglerConfig:
     """... and its median lead over the span exceeds this many standard errors of the step-to-step noise."""
     min_slowdown: float = 1.08
     """A step is late for a rank that held it back by at least this slowdown (1.08: 8% of the step time)."""
+    steady_min_slowdown: float = 1.15
+    """A rank slow from the attempt's start (no onset: `trainguard.stragglers.steady`) is named when its median lead
+    over its peers makes it at least this much slower than them. Above ``min_slowdown``: a healthy 2-rank job on a
+    contended host showed one rank 1.07x behind the other over 600 steps."""
+    steady_noise_sigmas: float = 3.0
+    """... and its median lead over all the steps so far exceeds this many standard errors of the noise (stricter
+    than ``noise_sigmas``: the rule is tried at every step of every rank from the start)."""
+    steady_windows: int = 3
+    """Windows a rank slow from the start must be seen for before it is named (3 x 8: named by step 25)."""
 
     def __post_init__(self) -> None:
-        if self.window_steps < 2 or self.windows < 1:
-            raise ValueError("window_steps must be >= 2 and windows >= 1")
+        if self.window_steps < 2 or self.windows < 1 or self.steady_windows < 1:
+            raise ValueError("window_steps must be >= 2, windows and steady_windows >= 1")
+        if self.steady_min_slowdown < 1:
+            raise ValueError("steady_min_slowdown must be >= 1")
         if not (0 < self.late_fraction <= 1 and 0 <= self.window_fraction <= 1) or self.noise_sigmas < 0 \
                 or self.min_slowdown < 1:
             raise ValueError("late_fraction in (0, 1], window_fraction in [0, 1], noise_sigmas >= 0, min_slowdown >= 1")
@@ -317,8 +328,11 @@ def _median(values: Iterable[float]) -> float:
 
 
 def analyze(records: Sequence[Event], arrivals: Mapping[int, Mapping[int, Sequence[float]]] | None = None,
-            config: StragglerConfig | None = None) -> StragglerReport:
-    """Find the ranks that hold the job back (docs/stragglers.md has the rules)."""
+            config: StragglerConfig | None = None, from_start: bool = True) -> StragglerReport:
+    """Find the ranks that hold the job back (docs/stragglers.md has the rules).
+
+    ``from_start``: the records hold each attempt from its first step (a whole run, or a live buffer that has not
+    dropped any step yet), so a rank slow since the start can be judged against its peers over all of them."""
     cfg = config or StragglerConfig()
     tails: dict[int, list[StepSample]] = {}
     samples, signals, hosts = step_table(records, arrivals, tails)
@@ -332,7 +346,7 @@ def analyze(records: Sequence[Event], arrivals: Mapping[int, Mapping[int, Sequen
         by_attempt[s.attempt].append(s)
     found: list[Straggler] = []
     for attempt, rows in sorted(by_attempt.items()):
-        found.extend(_detect(attempt, rows, hosts, signals[attempt], cfg, tails.get(attempt, [])))
+        found.extend(_detect(attempt, rows, hosts, signals[attempt], cfg, tails.get(attempt, []), from_start))
     found = merge_ranks(found)
     host_ranks: dict[str, set[int]] = defaultdict(set)
     for r, h in hosts.items():
@@ -395,18 +409,25 @@ def _pooled_sigma(ranks: list[int], lead: list[dict[int, tuple[float, float]]], 
 
 
 def _detect(attempt: int, rows: list[StepSample], hosts: Mapping[int, str], signal: str,
-            cfg: StragglerConfig, tail: Sequence[StepSample] = ()) -> list[Straggler]:
+            cfg: StragglerConfig, tail: Sequence[StepSample] = (), from_start: bool = True) -> list[Straggler]:
+    from trainguard.stragglers.steady import detect_steady  # it builds on this module's rows and findings
+
     rows = sorted(rows, key=lambda s: s.step)
     ranks = sorted(set().union(*(s.own for s in rows))) if rows else []
     lead = [_leads(s.own) for s in rows]
+    # Slow since the start: no onset to find, judged against the peers over the whole attempt. Those ranks' findings
+    # start at the first row; the onset rule below looks at the others.
+    out = detect_steady(attempt, rows, lead, hosts, signal, cfg, tail) if from_start else []
+    steady = {s.rank for s in out}
     span = cfg.window_steps * cfg.windows
     rel = 1.0 - 1.0 / cfg.min_slowdown
     # late[i][r]: at row i, rank r held the step back by a share of it worth naming. Counting late steps (a
     # sign test) is robust to the heavy-tailed noise of shared machines, where one descheduled rank waits 10x.
     late = [{r: lead[i][r][0] > rel * rows[i].step_seconds for r in lead[i]} for i in range(len(rows))]
     slow = _slow_rows(len(rows), ranks, lead, late, cfg)
-    out: list[Straggler] = []
     for r in ranks:
+        if r in steady:
+            continue
         named = next((i for i in range(len(rows)) if slow[i][r]), None)
         if named is None:
             continue

@@ -139,6 +139,8 @@ class AgentWatch:
         self._followers: dict[Path, EventFollower] = {}
         self._steps: dict[int, deque[StepCompleted]] = defaultdict(lambda: deque(maxlen=BUFFER_STEPS))
         self._named: set[tuple[int, int]] = set()
+        self._dropped = False
+        """A rank's buffer dropped its oldest step this attempt: it no longer starts at the attempt's start."""
         self._next_check: float | None = None
         self._next_announce_check = 0.0
         self._probes = 0
@@ -154,6 +156,7 @@ class AgentWatch:
         """A new attempt starts: forget the last one's steps; one telemetry sample now (short jobs get one)."""
         self.attempt = attempt
         self._steps.clear()
+        self._dropped = False
         self._next_check = time.monotonic() + self.settings.probe_seconds
         try:
             self.sampler.sample_now()
@@ -212,6 +215,17 @@ class AgentWatch:
         except Exception as exc:  # the watch must never stop the job
             log.warning("straggler check failed: %s", exc)
 
+    def finish(self, leader: bool) -> None:
+        """The attempt's workers all finished: one last check of its steps (the leader's), so that a job shorter
+        than ``probe_seconds`` still has its stragglers recorded. Steps only: the ranks are gone, nothing to probe."""
+        if self.settings.probe_seconds <= 0 or not leader:
+            return
+        try:
+            self._read_steps()
+            self.check()
+        except Exception as exc:  # the watch must never stop the job
+            log.warning("straggler check failed: %s", exc)
+
     # --- flight-recorder probes ---------------------------------------------------------------------
 
     def probe_dir(self, n: int) -> Path:
@@ -257,7 +271,9 @@ class AgentWatch:
                 follower = self._followers[path] = EventFollower(path)
             for e in follower.new_records():
                 if isinstance(e, StepCompleted) and e.attempt == self.attempt:
-                    self._steps[e.rank].append(e)
+                    q = self._steps[e.rank]
+                    self._dropped = self._dropped or len(q) == q.maxlen
+                    q.append(e)
 
     def _have_phases(self) -> bool:
         recent = [q[-1] for q in self._steps.values() if q]
@@ -269,7 +285,8 @@ class AgentWatch:
         if len(self._steps) < 2:
             return []
         arrivals = None if self._have_phases() else read_arrivals(self.layout.root)
-        report = analyze(records, arrivals, self.config)
+        # While every buffer still holds its rank's first step, a rank slow since the start can be judged too.
+        report = analyze(records, arrivals, self.config, from_start=not self._dropped)
         out = []
         for s in report.stragglers:
             key = (self.attempt, s.rank)
