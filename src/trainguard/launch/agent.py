@@ -24,12 +24,9 @@ decision `Attempts.decide` returns (an `InProcess` one through `InProcessRestart
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +48,7 @@ from trainguard.launch.failures import (
     hang_finding,
     latest_checkpoint,
     live_ranks,
+    preload_failure_path,
     rank_logs,
     wait_for_peer_dumps,
 )
@@ -63,12 +61,13 @@ from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
 from trainguard.launch.store_watch import StoreWatch
-from trainguard.launch.warm import FILL_AFTER_SECONDS, WarmSpares
+from trainguard.launch.warm import WarmSpares
 from trainguard.launch.watchdog import Verdict, Watchdog
 from trainguard.sdc import verdict as sdc
 from trainguard.sdc.response import CorruptionResponse
-from trainguard.torch_api.elastic import Adopt, ElasticAgentBase, can_adopt
+from trainguard.torch_api.elastic import ElasticAgentBase
 from trainguard.torch_api.features import probe
+from trainguard.worker.bootstrap import site_dir
 
 if TYPE_CHECKING:
     from trainguard.stragglers.watch import AgentWatch
@@ -76,24 +75,6 @@ if TYPE_CHECKING:
 __all__ = ["GuardAgent", "NodeExcludedExit", "latest_checkpoint"]
 
 log = logging.getLogger(__name__)
-
-
-def _auto_instrument_path() -> str | None:
-    """The folder that loads trainguard's worker side into every worker (``sitecustomize``), if available."""
-    try:
-        from trainguard.worker.bootstrap import site_dir  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return str(site_dir())
-
-
-def _preload_failure_path() -> None:
-    """Import now what the first failure needs, not inside the restart's critical path."""
-    for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:  # e.g. google-re2 missing: failures are then recorded unclassified
-            log.error("%s unavailable (%s): failures will be recorded without it", name, exc)
 
 
 class GuardAgent(ElasticAgentBase):
@@ -133,7 +114,6 @@ class GuardAgent(ElasticAgentBase):
         self._attempt_mono = self._last_alive_mono
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
-        self._warned_no_bootstrap = False
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
         self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
@@ -146,7 +126,7 @@ class GuardAgent(ElasticAgentBase):
         """The ``FailureDetected`` records this node wrote (`trainguard.launch.failures`)."""
         self.corruption = CorruptionResponse(cfg, self.emit, self.recorder)
         """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
-        _preload_failure_path()
+        preload_failure_path()
         self.spares = WarmSpares.build(cfg.warm_spares, cfg.nproc_per_node, not cfg.no_python, worker_args,
                                        cfg.layout.logs_base / "spares", cfg.stop_grace_seconds, cfg.node_id)
         """Interpreters with torch and the script's imports loaded, ready to take restarted ranks
@@ -261,14 +241,8 @@ class GuardAgent(ElasticAgentBase):
         if self.inprocess is not None:
             env.update(self.inprocess.environ())
         paths = [self._base_pythonpath] if self._base_pythonpath else []
-        if self.cfg.auto_instrument:
-            site = _auto_instrument_path()
-            if site is not None:
-                paths.insert(0, site)
-            elif not self._warned_no_bootstrap:
-                self._warned_no_bootstrap = True
-                log.warning("automatic instrumentation is not available (no trainguard.worker.bootstrap): "
-                            "only scripts that call trainguard.attach() send progress signals")
+        if self.cfg.auto_instrument:  # its sitecustomize loads trainguard's worker side into every worker
+            paths.insert(0, str(site_dir()))
         env["PYTHONPATH"] = os.pathsep.join(paths)
         return env
 
@@ -283,43 +257,23 @@ class GuardAgent(ElasticAgentBase):
         warm = self._claim_spares(worker_group)
         self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "", warm_starts=len(warm))
         self.signals.check()
-        pids = self.torch_start_workers(worker_group, self._adopter(warm) if warm else None)
+        pids = self.torch_start_workers(worker_group, self.spares.adopter(warm) if warm and self.spares else None)
         self.signals.install()  # torch's process context registered its own handlers, which forget a signal
         return pids
 
     def _claim_spares(self, wg: WorkerGroup) -> list[int]:
-        """Local ranks a warm spare will take at this (re)start: one per rank while ready ones last (a spare still
-        importing is left for the next restart: its rank starts cold now rather than wait for it)."""
-        if self.spares is None or self.attempt == 0 or not can_adopt():
+        """Local ranks a warm spare will take at this (re)start (`WarmSpares.claim`); none at the first start."""
+        if self.spares is None or self.attempt == 0:
             return []
-        return [w.local_rank for w in wg.workers][:self.spares.ready()]
-
-    def _adopter(self, ranks: list[int]) -> Adopt:
-        """What torch's process start asks for each local rank: a warm spare for ``ranks``, else None (cold)."""
-        spares = self.spares
-
-        def adopt(local_rank: int, env: dict[str, str], stdout: str | None, stderr: str | None
-                  ) -> subprocess.Popen[bytes] | None:
-            if spares is None or local_rank not in ranks:
-                return None
-            proc = spares.take(env, stdout, stderr)
-            if proc is not None:
-                log.info("restart: warm spare pid %d takes local rank %d", proc.pid, local_rank)
-            return proc
-
-        return adopt
+        return self.spares.claim([w.local_rank for w in wg.workers])
 
     def _fill_spares(self, beats: dict[int, Heartbeat | None], mono: float) -> None:
         """Top the warm spares up, not while an in-process recovery is under way (a starting spare competes
-        for the CPUs) and, for an automatically sized pool, only once this attempt is training
-        (`trainguard.launch.warm.FILL_AFTER_SECONDS`)."""
+        for the CPUs)."""
         if self.spares is None or (self.inprocess is not None and self.inprocess.pending is not None):
             return
-        if not self.spares.eager:
-            trained = any(b is not None and b.steps_done > 0 for b in beats.values())
-            if not trained or mono - self._attempt_mono < FILL_AFTER_SECONDS:
-                return
-        self.spares.fill()
+        self.spares.top_up(any(b is not None and b.steps_done > 0 for b in beats.values()), mono - self._attempt_mono)
+
     def open_attempt(self, worker_group: WorkerGroup, recovery: str, warm_starts: int = 0) -> None:
         """Folders, watchdog and ``AttemptStarted`` of ``self.attempt`` (a launch or an in-process restart)."""
         make_dirs(self.diag_dir())
@@ -590,20 +544,12 @@ class GuardAgent(ElasticAgentBase):
         agent never arrives, and torch would wait its full 120 s for it."""
         if (self.get_worker_group().group_world_size or 1) < 2:
             return self.torch_exit_barrier()
-        done = threading.Event()
+        def observe() -> list[nodes.LostNode]:
+            return self.peers.observe(self.attempt, self._job_world_size(), time.monotonic())
 
-        def barrier() -> None:
-            try:
-                self.torch_exit_barrier()
-            finally:
-                done.set()
-
-        threading.Thread(target=barrier, name="trainguard-exit-barrier", daemon=True).start()
-        while not done.wait(0.5):
-            lost = self.peers.observe(self.attempt, self._job_world_size(), time.monotonic())
-            if lost:
-                log.warning("not waiting at the exit barrier for lost node(s) %s", ", ".join(n.node for n in lost))
-                return None
+        lost = nodes.wait_unless_lost(self.torch_exit_barrier, observe)
+        if lost:
+            log.warning("not waiting at the exit barrier for lost node(s) %s", ", ".join(n.node for n in lost))
         return None
 
     # --- ending an attempt --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ the ``FailureDetected``/``Diagnosis`` records written by the one agent that clai
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -240,3 +241,12 @@ class FailureRecorder:
                                               self.cfg.node_lost_timeout_seconds)
         self.add(failure, *others)
         drain.after_lost(self.cfg, attempt, [n.node for n in lost], self.emit)  # --drain-bad-nodes
+
+
+def preload_failure_path() -> None:
+    """Import now what the first failure needs, not inside the restart's critical path."""
+    for name in ("trainguard.classify", "trainguard.localize", "trainguard.checkpoint"):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # e.g. google-re2 missing: failures are then recorded unclassified
+            log.error("%s unavailable (%s): failures will be recorded without it", name, exc)

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -300,3 +300,23 @@ def lost_reasons(run_dir: Path, node: str) -> list[str]:
     with contextlib.suppress(OSError):
         return [f"node lost: {path.read_text().strip()}"]
     return ["node lost"]
+
+
+def wait_unless_lost(wait: Callable[[], object], observe: Callable[[], list[LostNode]],
+                     poll_seconds: float = 0.5) -> list[LostNode]:
+    """Run ``wait`` (torch's exit barrier) on a thread until it returns, or until ``observe`` finds a peer node lost:
+    a killed agent never arrives at the barrier. Returns the lost nodes (empty: ``wait`` returned)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            wait()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="trainguard-exit-barrier", daemon=True).start()
+    while not done.wait(poll_seconds):
+        lost = observe()
+        if lost:
+            return lost
+    return []

@@ -23,6 +23,7 @@ from trainguard.core.protocol import SPARE_SKIP_ENV, SPARE_UNFIT
 from trainguard.health.host import available_memory_bytes
 from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 from trainguard.launch.stop import stop_processes
+from trainguard.torch_api.elastic import Adopt, can_adopt
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,31 @@ class WarmSpares:
             self.spares.append(proc)
             self._logs[proc.pid] = path
             log.info("warm spare started: pid %d", proc.pid)
+
+    def claim(self, local_ranks: list[int]) -> list[int]:
+        """The local ranks spares take at a restart: one per rank while ready ones last (a spare still importing
+        is left for the next restart: its rank starts cold now rather than wait for it)."""
+        return local_ranks[:self.ready()] if can_adopt() else []
+
+    def adopter(self, ranks: list[int]) -> Adopt:
+        """What torch's process start asks for each local rank: a spare for ``ranks``, else None (cold)."""
+
+        def adopt(local_rank: int, env: dict[str, str], stdout: str | None, stderr: str | None
+                  ) -> subprocess.Popen[bytes] | None:
+            if local_rank not in ranks:
+                return None
+            proc = self.take(env, stdout, stderr)
+            if proc is not None:
+                log.info("restart: warm spare pid %d takes local rank %d", proc.pid, local_rank)
+            return proc
+
+        return adopt
+
+    def top_up(self, trained: bool, running_seconds: float) -> None:
+        """`fill`; an automatically sized pool only once the attempt has ``trained`` (completed a step) and run
+        `FILL_AFTER_SECONDS`."""
+        if self.eager or (trained and running_seconds >= FILL_AFTER_SECONDS):
+            self.fill()
 
     def take(self, env: dict[str, str], stdout: str | None, stderr: str | None) -> subprocess.Popen[bytes] | None:
         """Hand a rank to a spare that waits and is fit (`ready`): the environment a cold worker would get (this
