@@ -404,6 +404,35 @@ def _failures(results: Sequence[CheckResult]) -> str:
     return "; ".join(f"{r.name}: {r.detail}" for r in results if not r.ok and r.severity == "high")
 
 
+def _recorded_rounds(node: str, state: NodeState, recorded: Iterable[Sequence[CheckResult]],
+                     passes: int) -> tuple[CheckResult, ...] | ReturnOutcome:
+    """The last passing round of the last ``passes`` the node recorded, or the outcome that refuses it."""
+    rounds = [tuple(r) for r in recorded][-passes:]
+    if len(rounds) < passes:
+        return ReturnOutcome("refused", node, f"{len(rounds)} health round(s) recorded by node {node} since it "
+                             f"was drained, {passes} needed: run `trainguard health --record` on it",
+                             state=state, results=rounds[-1] if rounds else ())
+    for i, results in enumerate(rounds):
+        if not healthy(results):
+            return ReturnOutcome("unhealthy", node, f"recorded round {i + 1} of the last {passes} failed: "
+                                 + _failures(results), passes=i, state=state, results=results)
+    return rounds[-1]
+
+
+def _checked_rounds(node: str, state: NodeState, check: Callable[[], Sequence[CheckResult]], passes: int,
+                    interval_seconds: float, sleep: Callable[[float], None]) -> tuple[CheckResult, ...] | ReturnOutcome:
+    """``passes`` rounds of ``check`` run here, ``interval_seconds`` apart: the last, or the outcome of a failure."""
+    results: tuple[CheckResult, ...] = ()
+    for i in range(passes):
+        if i:
+            sleep(interval_seconds)
+        results = tuple(check())
+        if not healthy(results):
+            return ReturnOutcome("unhealthy", node, f"check round {i + 1} of {passes} failed: "
+                                 + _failures(results), passes=i, state=state, results=results)
+    return results
+
+
 def return_node(adapter: SchedulerAdapter, node: str, check: Callable[[], Sequence[CheckResult]] | None = None, *,
                 passes: int = 3, interval_seconds: float = 60.0, sleep: Callable[[float], None] = time.sleep,
                 recorded: Rounds | None = None, uid: int | None = None) -> ReturnOutcome:
@@ -422,26 +451,14 @@ def return_node(adapter: SchedulerAdapter, node: str, check: Callable[[], Sequen
     why = refusal(state, uid)
     if why is not None:
         return ReturnOutcome("refused", node, why, state=state)
-    results: tuple[CheckResult, ...] = ()
     if recorded is not None:
-        rounds = [tuple(r) for r in recorded(state)][-passes:]
-        if len(rounds) < passes:
-            return ReturnOutcome("refused", node, f"{len(rounds)} health round(s) recorded by node {node} since it "
-                                 f"was drained, {passes} needed: run `trainguard health --record` on it",
-                                 state=state, results=rounds[-1] if rounds else ())
-        for i, results in enumerate(rounds):
-            if not healthy(results):
-                return ReturnOutcome("unhealthy", node, f"recorded round {i + 1} of the last {passes} failed: "
-                                     + _failures(results), passes=i, state=state, results=results)
+        judged = _recorded_rounds(node, state, recorded(state), passes)
     else:
         assert check is not None
-        for i in range(passes):
-            if i:
-                sleep(interval_seconds)
-            results = tuple(check())
-            if not healthy(results):
-                return ReturnOutcome("unhealthy", node, f"check round {i + 1} of {passes} failed: "
-                                     + _failures(results), passes=i, state=state, results=results)
+        judged = _checked_rounds(node, state, check, passes, interval_seconds, sleep)
+    if isinstance(judged, ReturnOutcome):
+        return judged
+    results = judged
     again = adapter.node(node)  # someone may have drained it for another reason meanwhile
     why = refusal(again, uid)
     if why is not None:
