@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,15 @@ if role == "stop":
 while True:
     time.sleep(1)
 '''
+
+
+def wait_until(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Poll ``ready`` until it holds; fail with the log's tail if the job ends first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the job ended while waiting for {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.1)
 
 
 def wait_for_event(run_dir: Path, kind: str, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.e2e._etcd import etcd_server  # noqa: F401 (a fixture)
-from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, json_result, of_type, start_trainguard, store_up
+from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, json_result, of_type, start_trainguard, store_up, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -154,14 +154,6 @@ def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
                            "-c", FORGE_STATE, *argv], capture_output=True, text=True, timeout=60, cwd="/")
 
 
-def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, f"the job ended while waiting for {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.1)
-
-
 def _steps(step_log: Path) -> dict[int, list[tuple[int, int]]]:
     """rank -> [(restart, step)] from plain_ddp's step log."""
     out: dict[int, list[tuple[int, int]]] = {}
@@ -192,8 +184,8 @@ def _forged_state_attack(tmp_path: Path, rdzv: tuple[str, ...], attack: Callable
             found[:] = re.findall(r"rendezvous \S+ \S+ id \S+", log.read_text())
             return bool(found)
 
-        _wait("rendezvous line", rendezvous_line, proc, log, 60)
-        _wait("training steps", lambda: len(_steps(step_log)) == 2, proc, log, 120)
+        wait_until("rendezvous line", rendezvous_line, proc, log, 60)
+        wait_until("training steps", lambda: len(_steps(step_log)) == 2, proc, log, 120)
         forger = _as_nobody(str(marker), str(FORGE_SECONDS), *attack(str(marker), found[0]))
         assert not marker.exists(), "the forged rendezvous state ran the attacker's command"
         assert forger.returncode == 0 and "forged" in forger.stdout, forger.stderr[-2000:]
@@ -202,11 +194,11 @@ def _forged_state_attack(tmp_path: Path, rdzv: tuple[str, ...], attack: Callable
             assert not marker.exists(), "the forged rendezvous state ran the attacker's command"
             return REFUSED in log.read_text()
 
-        _wait("refusal on the console", refused, proc, log, 30)
+        wait_until("refusal on the console", refused, proc, log, 30)
         if signed_now is not None:  # the agent's next compare-and-set replaced the forgery with a signed state
-            _wait("signed state back in the store", signed_now, proc, log, 30)
+            wait_until("signed state back in the store", signed_now, proc, log, 30)
         steps_after_attack = max(s for _, s in _steps(step_log)[0])
-        _wait("more training steps", lambda: max(s for _, s in _steps(step_log)[0]) > steps_after_attack + 5,
+        wait_until("more training steps", lambda: max(s for _, s in _steps(step_log)[0]) > steps_after_attack + 5,
               proc, log, 60)
         stop.touch()
         code = proc.wait(timeout=120)
@@ -352,7 +344,7 @@ def test_a_second_uid_cannot_steer_an_in_process_restart(tmp_path: Path) -> None
             found[:] = [value] if value else []
             return bool(found)
 
-        _wait("the in-process store in a worker's environment", store_known, proc, log, 120)
+        wait_until("the in-process store in a worker's environment", store_known, proc, log, 120)
         port = int(found[0].rpartition(":")[2])
         listening = _listening(port)
         assert attacker.stdin is not None
@@ -470,7 +462,7 @@ def test_a_single_node_jobs_stores_listen_on_loopback_only(tmp_path: Path) -> No
         "--", str(PLAIN_DDP), "--steps", "100000", "--step-seconds", "0.02", "--ckpt-dir", str(tmp_path / "ckpt"),
         "--stop-file", str(stop), "--step-log", str(step_log), log=log)
     try:
-        _wait("training steps", lambda: len(_steps(step_log)) == 2, proc, log, 120)
+        wait_until("training steps", lambda: len(_steps(step_log)) == 2, proc, log, 120)
         master = _worker_env(proc, "MASTER_PORT")
         inprocess = _worker_env(proc, "TRAINGUARD_INPROCESS_STORE")
         assert master and inprocess, (master, inprocess)

@@ -7,26 +7,15 @@ from __future__ import annotations
 
 import datetime
 import re
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from tests.e2e._run_helpers import ROOT, json_result, start_trainguard
+from tests.e2e._run_helpers import ROOT, json_result, start_trainguard, wait_until
 
 PLAIN_DDP = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 WARNING = "the rendezvous store holds"
-
-
-def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, f"the job ended while waiting for {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
@@ -46,15 +35,15 @@ def test_a_store_filled_with_keys_is_reported_once_on_the_console(tmp_path: Path
             found[:] = re.findall(r"rendezvous c10d (127\.0\.0\.1):(\d+) id", log.read_text())
             return bool(found)
 
-        _wait("rendezvous line", rendezvous_line, proc, log, 60)
+        wait_until("rendezvous line", rendezvous_line, proc, log, 60)
         host, port = found[0]
         store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
-        _wait("a started job", lambda: any(p.stat().st_size for p in step_log.parent.iterdir()), proc, log, 120)
+        wait_until("a started job", lambda: any(p.stat().st_size for p in step_log.parent.iterdir()), proc, log, 120)
         assert WARNING not in log.read_text()  # a job's own keys are far below the limit
         for batch in range(30):  # 30,000 small keys: past the 20,000 a 1-rank job is allowed
             keys = [f"filler/{batch}/{i}" for i in range(1000)]
             store.multi_set(keys, [b"x" * 16] * len(keys))
-        _wait("the store-size warning", lambda: WARNING in log.read_text(), proc, log, 60)
+        wait_until("the store-size warning", lambda: WARNING in log.read_text(), proc, log, 60)
         stop.touch()
         code = proc.wait(timeout=120)
     finally:
