@@ -70,8 +70,8 @@ def test_agent_diagnosis_names_the_shared_link_from_every_rank_tail(tmp_path: Pa
     for i, p in enumerate(L.write(tmp_path, logs, n)):
         p.rename(tmp_path / f"log_tail_rank_{i}.txt")
     ev = GatheredEvidence(directory=tmp_path)
-    category, _, _, lines, note = failures.classify(ev, [1], "crash", "nccl", 0)
-    assert "link: hca node-01 mlx5_2:1" in note
-    assert any(line.startswith("link-shared: hca node-01 mlx5_2:1") for line in lines)
-    assert sum(line.startswith("link-pair: ") for line in lines) >= 3
-    assert category == "Network Switch/Cable"
+    found = failures.classify(ev, [1], "crash", "nccl", 0)
+    assert "link: hca node-01 mlx5_2:1" in found.note
+    assert any(line.startswith("link-shared: hca node-01 mlx5_2:1") for line in found.lines)
+    assert sum(line.startswith("link-pair: ") for line in found.lines) >= 3
+    assert found.category == "Network Switch/Cable"

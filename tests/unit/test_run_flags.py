@@ -21,7 +21,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 # A flag token in prose or a code block: --word or -x (not part of a longer word).
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*|-[a-z](?![\w-]))")
 # Flags docs/run.md shows that are not trainguard's: the training scripts' own, Python's, a benchmark's.
-_NOT_OURS = {"--lr", "--save_only_model", "-u", "--reps", "--only-unmodified"}  # scripts' and benchmarks' flags
+# scripts', benchmarks' and python's own flags
+_NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn"}
 
 
 def _parser(module: object) -> argparse.ArgumentParser:

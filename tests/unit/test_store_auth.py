@@ -59,7 +59,7 @@ def test_planted_or_readable_secrets_are_refused(tmp_path: Path) -> None:
 def test_the_environment_secret_wins_and_must_be_long(tmp_path: Path) -> None:
     assert job_signer(tmp_path, environ={SECRET_ENV: "x" * 16}).key == b"x" * 16
     assert not (tmp_path / SECRET_FILE).exists()
-    with pytest.raises(UsageError, match="at least 16"):
+    with pytest.raises(UsageError, match="16 to 1024 characters"):
         job_signer(tmp_path, environ={SECRET_ENV: "short"})
 
 
