@@ -209,7 +209,7 @@ def test_each_interruption_says_its_lost_steps_lost_progress_and_whole_cost_apar
 
 def test_lost_steps_are_unknown_without_a_resume_point_and_none_for_an_attempt_without_steps() -> None:
     from trainguard.accounting import resume
-    from trainguard.accounting.goodput import lost_steps
+    from trainguard.accounting.resume import lost_steps
 
     steps = [resume.AttemptSteps(0, "script", 1, 30), resume.AttemptSteps(2, "attempt", 1, 12)]
     points = resume.infer(steps, {})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import logging
 import os
 from collections import defaultdict
@@ -401,21 +400,6 @@ def _tally(spent: dict[tuple[str, int], float]) -> _Tally:
     return _Tally(by_label, by_owner, lost)
 
 
-def lost_steps(steps: list[resume.AttemptSteps], points: dict[int, resume.ResumePoint],
-               offsets: dict[int, int]) -> dict[int, int | None]:
-    """Attempt -> the steps the next attempt with steps ran again after it: the highest step the run had reached
-    (in the run's numbering) minus the step that attempt resumed from; None where that resume point is unknown.
-    An attempt that recorded no step lost none (what it cost is start-up, detection and restart)."""
-    out: dict[int, int | None] = {}
-    ordered = sorted(steps, key=lambda s: s.attempt)
-    reached = 0
-    for here, after in itertools.pairwise(ordered):
-        reached = max(reached, here.last_step + offsets.get(here.attempt, 0))
-        point = points.get(after.attempt)
-        out[here.attempt] = None if point is None or point.step is None else max(0, reached - point.step)
-    return out
-
-
 def _interruption(attempts: _Attempts, attempt: int, clock: _ReferenceClock, run_start: float,
                   time_lost: float) -> Interruption | None:
     """The interruption that ended an attempt: its first failure seen, else its planned stop."""
@@ -477,7 +461,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | F
     account = _account(records, _shifted(raw_blocks, kept), kept, stragglers, clock, run_start, run_end)
     attempts, tally, completed = account
     by_label, by_owner, lost_progress = tally.by_label, tally.by_owner, tally.lost_progress
-    redone_steps = lost_steps(steps, points, kept)
+    redone_steps = resume.lost_steps(steps, points, kept)
     stepped = {s.attempt for s in steps}
     interruptions = [replace(found, lost_steps=redone_steps.get(attempt, None if attempt in stepped else 0),
                              lost_progress_seconds=lost_progress.get(attempt, 0.0))

@@ -24,6 +24,7 @@ accounting keeps them (`Scenario.KEPT`) and says how much more would be lost if 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import os
 import re
@@ -137,6 +138,21 @@ def _point(s: AttemptSteps, loaded: int | None, trained: int, first: bool,
     return ResumePoint(s.attempt, None, "unknown", None,
                        f"its steps are numbered from {s.first_step} again ({_numbering_words(s.numbering)}) and "
                        "nothing says where it resumed")
+
+
+def lost_steps(steps: list[AttemptSteps], points: dict[int, ResumePoint],
+               offsets: dict[int, int]) -> dict[int, int | None]:
+    """Attempt -> the steps the next attempt with steps ran again after it: the highest step the run had reached
+    (in the run's numbering) minus the step that attempt resumed from; None where that resume point is unknown.
+    An attempt that recorded no step lost none (what it cost is start-up, detection and restart)."""
+    out: dict[int, int | None] = {}
+    ordered = sorted(steps, key=lambda s: s.attempt)
+    reached = 0
+    for here, after in itertools.pairwise(ordered):
+        reached = max(reached, here.last_step + offsets.get(here.attempt, 0))
+        point = points.get(after.attempt)
+        out[here.attempt] = None if point is None or point.step is None else max(0, reached - point.step)
+    return out
 
 
 def _numbering_words(numbering: str) -> str:
