@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from tests.e2e._run_helpers import TINY, TRAIN_GPT, events, start_trainguard
+from tests.e2e._run_helpers import STUCK_SECONDS, TINY, TRAIN_GPT, events, start_trainguard
 
 FAST_RDZV = ["--rdzv-conf", "keep_alive_interval=1", "--node-lost-timeout", "4", "--rdzv-last-call", "3"]
 """Short keep-alive (3 x 1 s) and node-lost timeout: a lost node is let go of in seconds, not 15 s."""
@@ -37,7 +37,7 @@ class Agents:
         self.procs[node] = start_trainguard(*self.args[:1], "--node-id", node, *self.args[1:],
                                             log=self.tmp / f"{node}.log")
 
-    def wait(self, what: str, cond: Callable[[], bool], timeout: float = 90) -> None:
+    def wait(self, what: str, cond: Callable[[], bool], timeout: float = STUCK_SECONDS) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if cond():
@@ -47,7 +47,7 @@ class Agents:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}: {self.tails()}")
 
-    def finish(self, timeout: float = 240) -> dict[str, int]:
+    def finish(self, timeout: float = STUCK_SECONDS) -> dict[str, int]:
         return {node: p.wait(timeout=timeout) for node, p in self.procs.items()}
 
     def tails(self) -> dict[str, str]:

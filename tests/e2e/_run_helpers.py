@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN_GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64"]
 TINY_DEMO = "d_model=32,layers=1,heads=2,seq=16,batch=4,vocab=64"
+STUCK_SECONDS = 600.0
+"""Bound of a wait that already fails the moment the job ends (an agent or the run exits): it only ends a test that
+is stuck, never one that is slow because the machine is busy (pytest's per-test timeout usually comes first)."""
 
 
 def trainguard(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

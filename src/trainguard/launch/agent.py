@@ -60,6 +60,7 @@ from trainguard.launch.policy import AttemptOutcome
 from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
 from trainguard.launch.store_auth import job_signer
+from trainguard.launch.store_link import LinkedHandover, RendezvousLostError, StoreLink
 from trainguard.launch.store_watch import StoreWatch
 from trainguard.launch.warm import WarmSpares
 from trainguard.launch.watchdog import Verdict, Watchdog
@@ -75,6 +76,13 @@ if TYPE_CHECKING:
 __all__ = ["GuardAgent", "NodeExcludedExit", "latest_checkpoint"]
 
 log = logging.getLogger(__name__)
+
+
+STORE_CONFIRM_SECONDS = 3.0
+"""How long a hang or lost-peer verdict waits for the store to answer a fresh read (milliseconds when it is up)."""
+STORE_SILENCE_FLOOR_SECONDS = 30.0
+"""A node counts itself cut off after max(this, 3 x --node-lost-timeout) without an answer from the store: well
+after the other nodes have let it go (--node-lost-timeout, torch's keep-alive 3 x 5 s), never on a busy store."""
 
 
 class GuardAgent(ElasticAgentBase):
@@ -118,6 +126,11 @@ class GuardAgent(ElasticAgentBase):
         """This agent's beat in the shared run directory: how peers know it is alive."""
         self.peers = nodes.AttemptPeers(self.layout, cfg.run_dir, cfg.node_id, cfg.node_lost_timeout_seconds)
         self.beat.start()
+        self.store_link = StoreLink.attach(spec.rdzv_handler, cfg.rdzv_endpoint,
+                                           max(STORE_SILENCE_FLOOR_SECONDS, 3 * cfg.node_lost_timeout_seconds))
+        """Reads the rendezvous state off the monitor loop; ends the run when this node is cut off (None: static)."""
+        if self.store_link is not None and self.watch.handover is not None:
+            self.watch.handover = LinkedHandover(self.watch.handover, self.store_link, lambda: self.attempt)
 
     def _init_failure_path(self, cfg: SupervisorConfig, worker_args: tuple[str, ...]) -> None:
         """What a failure goes through: its records, the corruption response, in-process restarts."""
@@ -206,6 +219,9 @@ class GuardAgent(ElasticAgentBase):
         self.signals.check()  # health checks guard themselves with `except Exception`
         first = self.attempt == 0
         self.torch_rendezvous(worker_group)
+        if self.store_link is not None:
+            self.store_link.touch()
+            self.store_link.start()
         if first:  # a spare joining a running job continues the job's attempt numbers
             self.ledger.joined(admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
@@ -354,20 +370,41 @@ class GuardAgent(ElasticAgentBase):
                 self.ledger.decide(done)  # a fallback gives the in-process try's restart back
                 if not done.recovered:
                     return self.inprocess.fall_back(self, done.why)
+        if not self._check_store_link():
+            # The store is quiet: what looks like a hang may be this node's link, and every decision below reads
+            # or writes the store. Wait for it to answer again, or for the silence to end the run.
+            return result
         self.store_watch.poll()  # every few seconds: a key count, warned once when past a job's needs
         mono = time.monotonic()
         beats = self._read_beats(wg)
         lost = self._node_watch(wg, beats, mono)
-        if lost:
+        if lost and self._store_answers():
             return self._on_node_lost(wg, lost, time.time())
         finished = self._finished(wg)
         verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
-        if verdict is not None:
+        if verdict is not None and self._store_answers():
             return self._on_hang(wg, verdict, time.time(), mono)
         self._last_alive_mono = mono
         self._fill_spares(beats, mono)
         leave = self.watch.poll(lambda: live_ranks(wg, set()), self.leader)
         return result if leave is None else self._leave_for_spare(leave)
+
+    def _store_answers(self) -> bool:
+        """Before acting on a hang or a lost peer: the store answers now (else this node's own link is the likely
+        cause, the next rounds wait, and a long silence ends the run: `_check_store_link`)."""
+        return self.store_link is None or self.store_link.confirm(STORE_CONFIRM_SECONDS)
+
+    def _check_store_link(self) -> bool:
+        """Whether a store read now will not hang; this node's workers stopped and the run ended
+        (`RendezvousLostError`) once the store has been silent past the limit."""
+        if self.store_link is None:
+            return True
+        try:
+            self.store_link.check()
+        except RendezvousLostError:
+            self.stop_local_workers(signal.SIGTERM)
+            raise
+        return self.store_link.fresh()
 
     def _leave_for_spare(self, reason: str) -> RunResult:
         """Straggler policy ``restart-now`` named a rank of this node and a spare waits: end this attempt as a

@@ -138,6 +138,7 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from trainguard.launch.agent import GuardAgent
+    from trainguard.launch.store_link import RendezvousLostError
 
     _check_torch()
     RunDir(cfg.run_dir).create()
@@ -148,6 +149,7 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
                       monitor_interval=cfg.monitor_interval_seconds)
     agent = GuardAgent(spec, cfg, signals=signals, lifetime=lifetime)
     status, reason, code = "failed", "", EXIT_FAILED
+    store_lost = False
     try:
         result = agent.run()
         signals.disarm()
@@ -163,15 +165,20 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
         agent.close_attempt("stopped", None)  # torch's run stopped the workers before re-raising
     except Exception as exc:  # the rendezvous store vanished, a peer agent died, ...
         signals.disarm()
+        store_lost = isinstance(exc, RendezvousLostError)
         log.debug("agent failed", exc_info=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         status, reason = "failed", f"agent error: {exc.__class__.__name__}: {first[:300]}"
+        if store_lost:
+            reason = f"rendezvous lost: {exc}"
         lost = agent.record_lost_peers()  # with c10d the store dies with its host: say which node that was
         if lost:
             reason += f" (node {', '.join(lost)} lost)"
         agent.close_attempt("failure", None)
     finally:
-        if status in ("completed", "failed"):
+        if agent.store_link is not None:
+            agent.store_link.stop()
+        if status in ("completed", "failed") and not store_lost:  # closing needs the store: it would hang
             try:
                 handler.shutdown()
             except Exception as exc:
@@ -194,6 +201,9 @@ def _rendezvous_handler(cfg: SupervisorConfig) -> Any:
         return _FreshWorkerStore(get_rendezvous_handler(params), cfg.local_addr)
     from trainguard.launch.signed_rendezvous import signed_handler
     from trainguard.launch.store_auth import job_signer
+    from trainguard.torch_api.endpoint import recognise_interface_addresses
+
+    recognise_interface_addresses()
 
     # torch would host a loopback endpoint's store on every interface: bind it to loopback ourselves.
     loopback = loopback_host(cfg.rdzv_endpoint) if cfg.rdzv_backend == "c10d" else None

@@ -59,3 +59,12 @@ def spares_waiting(handler: Any) -> int:
     except Exception as exc:  # an unreachable store: count none, so the policy falls back
         log.warning("cannot count waiting spares: %s", exc)
         return 0
+
+
+def sync_waiting(handler: Any) -> int:
+    """Read the rendezvous state from its store now (a network round trip that raises when the store does not
+    answer) and return the nodes in the wait list: what torch's ``num_nodes_waiting()`` returns."""
+    holder = handler._state_holder
+    with handler._heartbeat_lock:
+        holder.sync()
+        return len(holder.state.wait_list)

@@ -1,0 +1,60 @@
+"""A job over real links: three hosts made as network namespaces on a bridge (tests/e2e/_netns.py), the rendezvous
+endpoint given as the first host's address (an interface other than the one its host name resolves to), and one
+host cut off mid-run. The two others re-form and finish; the cut-off agent knows it, stops its workers and ends."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._netns import HostNet
+from tests.e2e._nodes import FAST_RDZV
+from tests.e2e._run_helpers import STUCK_SECONDS, TINY, TRAIN_GPT, events, wait_until
+
+STEPS = 40
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
+
+
+def _agent(net: HostNet, name: str, run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    host, first = net[name], net.hosts[0]
+    cmd = [sys.executable, "-m", "trainguard", "run", "--nnodes", "2:3", "--nproc-per-node", "1",
+           "--rdzv-endpoint", f"{first.address}:29400", "--rdzv-id", "hosts", "--node-id", name,
+           "--local-addr", host.address, *FAST_RDZV, "--run-dir", str(run_dir), "--warm-spares", "0",
+           "--", str(TRAIN_GPT), "--steps", str(STEPS), "--ckpt-every", "4", *TINY]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}
+    return subprocess.Popen(net.command(host, cmd), stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+
+def test_a_host_cut_off_mid_run_ends_on_its_own_and_the_others_finish(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with HostNet(3) as net:
+        logs = {h.name: tmp_path / f"{h.name}.log" for h in net.hosts}
+        agents = {name: _agent(net, name, run_dir, log) for name, log in logs.items()}
+        try:
+            wait_until("step 8 on every host", lambda: {r["host"] for r in events(run_dir, "rank-")
+                                                         if r["type"] == "step_completed" and r["step"] >= 8}
+                       >= set(agents), agents["host0"], logs["host0"], STUCK_SECONDS)
+            net.set_link(net["host2"], up=False)
+            codes = {name: p.wait(timeout=STUCK_SECONDS) for name, p in agents.items()}
+            texts = {name: log.read_text(errors="replace") for name, log in logs.items()}
+            # The store was hosted by host0's agent although its host name resolves elsewhere.
+            assert codes == {"host0": 0, "host1": 0, "host2": 1}, (codes, {n: t[-2000:] for n, t in texts.items()})
+            assert re.search(r"summary: failed \(rendezvous lost: no answer from the rendezvous store at "
+                             r"10\.201\.0\.10:29400 for \d+ s", texts["host2"]), texts["host2"][-2000:]
+            assert net.pids(net["host2"]) == []  # its workers ended with it
+            done = [r for r in events(run_dir, "rank-") if r["type"] == "step_completed" and r["step"] == STEPS]
+            assert {r["host"] for r in done} == {"host0", "host1"}
+            lost = [r for r in events(run_dir, "agent-") if r["type"] == "node_excluded"
+                    or (r["type"] == "failure_detected" and "host2" in str(r))]
+            assert lost, "the survivors recorded nothing about host2"
+        finally:
+            for p in agents.values():
+                if p.poll() is None:
+                    p.kill()
