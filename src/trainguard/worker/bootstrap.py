@@ -7,8 +7,8 @@ puts a finder at the front of ``sys.meta_path``. The finder does nothing until t
 `trainguard.worker.autohooks.on_import` right after. Modules with checkpoint calls (`CHECKPOINT_MODULES`:
 DCP, safetensors, Accelerate, Fabric) get their calls observed on import (`trainguard.worker.ckpt_entries`).
 So a script that never imports torch pays only for reading two small files, and torch is never imported by
-trainguard. The finder also watches the framework trainer modules (`FRAMEWORK_MODULES`, unless ``TRAINGUARD_FRAMEWORKS=0``): their import installs that
-framework's adapter (`trainguard.worker.frameworks`).
+trainguard. The finder also watches the framework trainer modules (`FRAMEWORK_MODULES`, unless
+``TRAINGUARD_FRAMEWORKS=0``): their import installs that framework's adapter (`trainguard.worker.frameworks`).
 
 This module must stay cheap and self-contained: at start-up it is loaded by path (not as
 ``trainguard.worker.bootstrap``, which would import the ``trainguard`` package, ~50 ms) and it may
