@@ -194,3 +194,32 @@ def test_safetensors_files_count_by_their_name(rt: runtime.Runtime, tmp_path: Pa
     ckpt_io.close_episode()
     (loaded,) = _records(rt, "checkpoint_loaded")
     assert (loaded["step"], loaded["step_source"]) == (20, "name")
+
+
+def test_dcp_state_preparation_is_part_of_the_restore_and_its_zero_step_no_step(rt: runtime.Runtime,
+                                                                                tmp_path: Path) -> None:
+    import time
+
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.state_dict as dcp_state
+
+    assert ckpt_entries.on_import("torch.distributed.checkpoint", dcp)
+    assert ckpt_entries.on_import("torch.distributed.checkpoint.state_dict", dcp_state)
+    model, opt = _model_and_opt()
+    _step(model, opt)
+    model_sd, optim_sd = dcp_state.get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": 1}, checkpoint_id=str(tmp_path / "c"), no_dist=True)
+    steps_before = len(_records(rt, "step_completed"))
+    fresh, fresh_opt = _model_and_opt()  # no optimizer state yet: DCP steps it once with zero gradients
+    began = time.time()
+    model_sd, optim_sd = dcp_state.get_state_dict(fresh, fresh_opt)
+    state = {"model": model_sd, "optim": optim_sd, "step": 0}
+    dcp.load(state, checkpoint_id=str(tmp_path / "c"), no_dist=True)
+    dcp_state.set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    ended = time.time()
+    assert len(_records(rt, "step_completed")) == steps_before
+    _step(fresh, fresh_opt)
+    (loaded,) = _records(rt, "checkpoint_loaded")
+    assert (loaded["step"], loaded["step_source"]) == (1, "content")
+    assert began - 1e-3 <= loaded["time"] - loaded["seconds"] and loaded["time"] <= ended + 1e-3
+    assert loaded["seconds"] >= 0.9 * (ended - began)

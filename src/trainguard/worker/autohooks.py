@@ -22,7 +22,8 @@ has been imported by the script. From then on:
 * every K steps (``TRAINGUARD_SDC_EVERY``) the replicas compare parameter fingerprints right after the
   update (`trainguard.sdc.check`), before the next step's faults fire.
 * the public checkpoint calls (``torch.save``, ``torch.load``, ...) are observed (`trainguard.worker.ckpt_io`);
-  a restore in progress ends at the first optimizer update after it.
+  a restore in progress ends at the first optimizer update after it. An update inside DCP's
+  ``get_state_dict``/``set_state_dict`` (a zero step that creates the optimizer's state) is no step.
 * the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).
@@ -64,6 +65,8 @@ class OptimizerSteps:
 
     def pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            if ckpt_io.in_state_call():  # DCP creating the optimizer's state with a zero step: no training step
+                return None
             ckpt_io.on_step(optimizer)  # a restore in progress ends at the first update after it
             rt = self._runtime()
             if rt is None or self._first_pre_mono is not None:
@@ -81,7 +84,7 @@ class OptimizerSteps:
     def post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             rt = self._runtime()
-            if rt is None:
+            if rt is None or ckpt_io.in_state_call():
                 return
             lead = self._lead() if self._lead is not None else None
             if lead is None:

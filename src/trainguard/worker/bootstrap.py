@@ -31,7 +31,7 @@ WATCHED = ("torch.optim", "torch.distributed")
 FRAMEWORK_MODULES = ("transformers.trainer", "lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 """Modules after whose import a framework adapter is installed (`trainguard.worker.frameworks.MODULES`)."""
 CHECKPOINT_MODULES = ("torch.distributed.checkpoint", "safetensors.torch", "accelerate.accelerator",
-                      "lightning.fabric.fabric", "lightning_fabric.fabric")
+                      "torch.distributed.checkpoint.state_dict", "lightning.fabric.fabric", "lightning_fabric.fabric")
 """Modules after whose import their checkpoint calls are observed (`trainguard.worker.ckpt_entries.MODULES`;
 torch's own are wrapped with the hooks, after ``torch.optim``)."""
 CHECKPOINT_ENV = "TRAINGUARD_CHECKPOINT_IO"

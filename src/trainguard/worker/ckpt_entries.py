@@ -5,8 +5,9 @@ The bootstrap calls `on_import` right after the script imports one of `MODULES` 
 original through `trainguard.worker.ckpt_io.call`. The frameworks' own checkpoint calls that wrap torch's
 (``Fabric.save``, ``Accelerator.save_state``) are entries of their own: their whole duration (gathering the
 state, writing, the barrier after) is the save, and the torch or safetensors calls inside count once, as part
-of them. ``nn.Module.load_state_dict`` and ``Optimizer.load_state_dict`` are wrapped too: applying what a
-restore loaded is part of the restore.
+of them. ``nn.Module.load_state_dict``, ``Optimizer.load_state_dict`` and DCP's ``set_state_dict`` family
+are wrapped too (`APPLY`): applying what a restore loaded is part of the restore; so is DCP's ``get_state_dict``
+family (`PREPARE`): building the state a save writes or a load fills is part of that save or restore.
 
 A wrapper keeps the original's name and docstring (``functools.wraps``) and carries `MARK`, so nothing is
 wrapped twice; a module whose attribute is missing (another version) is skipped with a debug line.
@@ -59,12 +60,28 @@ ENTRIES: dict[str, tuple[tuple[str, EntryPoint], ...]] = {
                     result_is_path=True)),
         ("accelerate.accelerator.Accelerator.load_state",
          EntryPoint("accelerate.load_state", "load", "accelerate", path=((1, "input_dir"),), always=True))),
+    "torch.distributed.checkpoint.state_dict": (),
     "lightning.fabric.fabric": (("lightning.fabric.fabric.Fabric.save", _FABRIC_SAVE),
                                 ("lightning.fabric.fabric.Fabric.load", _FABRIC_LOAD)),
     "lightning_fabric.fabric": (("lightning_fabric.fabric.Fabric.save", _FABRIC_SAVE),
                                 ("lightning_fabric.fabric.Fabric.load", _FABRIC_LOAD)),
 }
 """Module whose import installs wrappers -> (dotted attribute to wrap, what the call is)."""
+APPLY: dict[str, tuple[str, ...]] = {
+    "torch.optim": ("torch.nn.modules.module.Module.load_state_dict",
+                    "torch.optim.optimizer.Optimizer.load_state_dict"),
+    "torch.distributed.checkpoint.state_dict": tuple(
+        f"torch.distributed.checkpoint.state_dict.{name}"
+        for name in ("set_state_dict", "set_model_state_dict", "set_optimizer_state_dict")),
+}
+"""Module -> the calls that apply a loaded state: part of a restore when handed what it loaded
+(`trainguard.worker.ckpt_io.applied`)."""
+PREPARE: dict[str, tuple[str, ...]] = {
+    "torch.distributed.checkpoint.state_dict": tuple(
+        f"torch.distributed.checkpoint.state_dict.{name}"
+        for name in ("get_state_dict", "get_model_state_dict", "get_optimizer_state_dict")),
+}
+"""Module -> the calls that build the state a save writes or a load fills (`trainguard.worker.ckpt_io.prepared`)."""
 MODULES = tuple(ENTRIES)
 _wrapped: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original) of everything wrapped, for `uninstall`."""
@@ -79,14 +96,13 @@ def _wrapper(original: Callable[..., Any], spec: EntryPoint) -> Callable[..., An
     return observed
 
 
-def _state_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+def _apply_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def load_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = args[0] if args else kwargs.get("state_dict")
-        return ckpt_io.applied(state, original, (self, *args), kwargs)
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        return ckpt_io.applied((*args, *kwargs.values()), original, args, kwargs)
 
-    setattr(load_state_dict, MARK, True)
-    return load_state_dict
+    setattr(apply, MARK, True)
+    return apply
 
 
 def _owner(dotted: str) -> tuple[Any, str] | None:
@@ -122,16 +138,24 @@ def wrap(dotted: str, spec: EntryPoint) -> bool:
     return True
 
 
-def _wrap_state_methods() -> None:
-    for dotted in ("torch.nn.modules.module.Module.load_state_dict", "torch.optim.optimizer.Optimizer.load_state_dict"):
-        found = _owner(dotted)
-        if found is None:
-            continue
-        owner, name = found
-        original = owner.__dict__.get(name)
-        if callable(original) and not getattr(original, MARK, False):
-            setattr(owner, name, _state_wrapper(original))
-            _wrapped.append((owner, name, original))
+def _prepare_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        return ckpt_io.prepared(original, args, kwargs)
+
+    setattr(prepare, MARK, True)
+    return prepare
+
+
+def _wrap_with(dotted: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    found = _owner(dotted)
+    if found is None:
+        return
+    owner, name = found
+    original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if callable(original) and not getattr(original, MARK, False):
+        setattr(owner, name, make(original))
+        _wrapped.append((owner, name, original))
 
 
 def on_import(name: str, module: ModuleType) -> bool:
@@ -142,8 +166,11 @@ def on_import(name: str, module: ModuleType) -> bool:
     try:
         for dotted, spec in entries:
             wrap(dotted, spec)
+        for dotted in APPLY.get(name, ()):
+            _wrap_with(dotted, _apply_wrapper)
+        for dotted in PREPARE.get(name, ()):
+            _wrap_with(dotted, _prepare_wrapper)
         if name == "torch.optim":
-            _wrap_state_methods()
             # The process's exit ends a restore that no optimizer step ended (atexit runs last-registered first,
             # so this comes before the runtime closes its event file).
             import atexit

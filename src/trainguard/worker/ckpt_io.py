@@ -8,11 +8,16 @@ call runs `call`, which times it and, when `trainguard.worker.ckpt_rules` says i
   ``checkpoint_save_finished`` (its whole duration blocking; an async DCP save blocks for the call and is
   finished when its future is), numbered by the process's current step, with the heartbeat phase
   ``checkpoint`` meanwhile;
-* a **restore** is one episode: the first checkpoint load, the loads after it, and the ``load_state_dict``
-  calls of modules and optimizers that are handed what those loads returned (matched by identity: the state
-  is applied, not only read). The episode ends at the next optimizer step (or a save, a load more than
-  `EPISODE_GAP_SECONDS` later, or the process's exit), where one ``checkpoint_loaded`` is written: its step
-  from the loaded content, else the name, else the optimizer's restored step count (``step_source``).
+* a **restore** is one episode: the first checkpoint load, the loads after it, and the calls that apply a state
+  (``load_state_dict`` of modules and optimizers, DCP's ``set_state_dict``) handed what those loads returned or
+  filled in (matched by identity: the state is applied, not only read). The episode ends at the next optimizer
+  step (or a save, a load more than `EPISODE_GAP_SECONDS` later, or the process's exit), where one
+  ``checkpoint_loaded`` is written: its step from the loaded content, else the name, else the optimizer's
+  restored step count (``step_source``).
+
+A save or restore whose state was built by DCP's ``get_state_dict`` family, handed on unchanged, begins when
+that call began (`prepared`); optimizer steps inside those calls and inside the calls that apply a state are
+no training steps (`in_state_call`; the optimizer hooks skip them).
 
 A call made inside another observed call (``Fabric.save`` calling ``torch.save``, Accelerate calling
 safetensors) or while a framework adapter reports its own checkpoints (`quiet`, `claim`) is not recorded
@@ -100,7 +105,14 @@ class _Episode:
     """``id()`` of what the loads returned (and of its values): a ``load_state_dict`` of one applies the restore."""
 
 
+PREPARED_KEPT = 4
+"""How many recent state preparations (DCP's ``get_state_dict`` family) are remembered."""
+
 _local = threading.local()
+_prepared: list[tuple[float, float, tuple[Any, ...]]] = []
+"""(monotonic start, wall start, the parts of the result) of recent state preparations not yet handed to a save or
+load. The parts are held (they are references to the state's tensors, no copies) so that their ids stay theirs;
+they are let go at the next optimizer step."""
 _claims = 0
 _lock = threading.Lock()
 _episode: _Episode | None = None
@@ -113,6 +125,21 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
 
 def _depth() -> int:
     return int(getattr(_local, "depth", 0))
+
+
+def in_state_call() -> bool:
+    """Whether this thread is inside a call that prepares or applies a state (DCP's ``get_state_dict`` and
+    ``set_state_dict`` step the optimizer once with zero gradients to create its state: that is no training step)."""
+    return int(getattr(_local, "state_calls", 0)) > 0
+
+
+@contextlib.contextmanager
+def _state_call() -> Iterator[None]:
+    _local.state_calls = int(getattr(_local, "state_calls", 0)) + 1
+    try:
+        yield
+    finally:
+        _local.state_calls = int(getattr(_local, "state_calls", 0)) - 1
 
 
 @contextlib.contextmanager
@@ -208,6 +235,10 @@ def _begin(rt: runtime.Runtime, spec: EntryPoint, args: tuple[Any, ...], kwargs:
     if spec.kind != "save":
         return observed
     content = tuple(_arg(args, kwargs, ref) for ref in spec.content)
+    if _prepared:
+        begun = _prepared_start(content)
+        if begun is not None:
+            observed.start_mono, observed.start_wall = begun
     if ckpt_rules.is_checkpoint(always=spec.always, content=content, path=observed.path, nbytes=0):
         close_episode()  # a save ends any restore before it
         observed.started = True
@@ -292,6 +323,9 @@ def _end_load(rt: runtime.Runtime, observed: _Call, args: tuple[Any, ...], kwarg
     nbytes = _bytes(rt, observed, args, kwargs)
     if not ckpt_rules.is_checkpoint(always=spec.always, content=content, path=observed.path, nbytes=nbytes):
         return
+    begun = _prepared_start(content) if _prepared else None
+    if begun is not None:
+        observed.start_mono, observed.start_wall = min(begun, (observed.start_mono, observed.start_wall))
     step, epoch = ckpt_rules.step_in_content(*content)
     named = ckpt_rules.step_in_path(observed.path) if step is None else None
     now_mono, now_wall = time.monotonic(), time.time()
@@ -316,12 +350,41 @@ def _end_load(rt: runtime.Runtime, observed: _Call, args: tuple[Any, ...], kwarg
             episode.epoch = epoch
 
 
-def applied(state_dict: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A module's or optimizer's ``load_state_dict``: part of the restore when handed what a restore loaded."""
+def prepared(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call that builds the state a save writes or a load fills (DCP's ``get_state_dict``): when what it returns
+    is then handed to an observed save or load, the save or restore began with it."""
+    start_mono, start_wall = time.monotonic(), time.time()
+    with _state_call():
+        result = fn(*args, **kwargs)
+    try:
+        if _depth() == 0 and runtime.current() is not None:
+            parts = result if isinstance(result, tuple) else (result,)
+            with _lock:
+                _prepared.append((start_mono, start_wall, tuple(p for p in parts if p is not None)))
+                del _prepared[:-PREPARED_KEPT]
+    except Exception as exc:
+        _failed("a state preparation", exc)
+    return result
+
+
+def _prepared_start(content: tuple[Any, ...]) -> tuple[float, float] | None:
+    """When the preparation of (part of) ``content`` began, if a recent one built it."""
+    ids = _content_ids(content)
+    with _lock:
+        used = [entry for entry in _prepared if any(id(part) in ids for part in entry[2])]
+        for entry in used:  # a preparation begins one save or restore
+            _prepared.remove(entry)
+    return min((mono, wall) for mono, wall, _ in used) if used else None
+
+
+def applied(candidates: tuple[Any, ...], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A call that applies a state (``load_state_dict``, DCP's ``set_state_dict``): part of the restore in progress
+    when one of ``candidates`` (its arguments) is something that restore loaded."""
     episode = _episode
-    if episode is None or _depth() > 0 or id(state_dict) not in episode.ids:
-        return fn(*args, **kwargs)
-    with quiet():
+    if episode is None or _depth() > 0 or not any(id(c) in episode.ids for c in candidates):
+        with _state_call():
+            return fn(*args, **kwargs)
+    with quiet(), _state_call():
         result = fn(*args, **kwargs)
     with _lock:
         if _episode is episode:
@@ -331,6 +394,11 @@ def applied(state_dict: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwar
 
 def on_step(optimizer: Any) -> None:
     """The optimizer is about to step: a restore in progress is over (its step count is the last resort)."""
+    if in_state_call():
+        return
+    if _prepared:
+        with _lock:
+            _prepared.clear()
     if _episode is not None:
         close_episode(optimizer)
 
@@ -366,7 +434,9 @@ def _emit_episode(episode: _Episode, optimizer: Any) -> None:
 
 
 def reset() -> None:
-    """Forget any restore in progress and claims (tests)."""
+    """Forget any restore in progress, preparations and claims (tests)."""
     global _episode, _claims
     _episode, _claims = None, 0
+    _prepared.clear()
     _local.depth = 0
+    _local.state_calls = 0
