@@ -4,7 +4,7 @@ It follows Fabric's documented checkpointing: the state is ``{"model", "optimize
 ``fabric.save(path, state)`` every ``--ckpt-every`` steps to ``checkpoint.ckpt`` and restored in place with
 ``fabric.load(path, state)``. ``--optimizer sgd`` uses plain SGD, which keeps no step count. At the end rank 0
 exports the model's weights with ``torch.save`` (``model_final.pt``). ``--timing-log`` appends the script's own
-timing of each save and load (wall clock) to ``FILE.<rank>``.
+timing of each save and load, and the end of its first step (wall clock), to ``FILE.<rank>``.
 
     torchrun --nproc-per-node 2 fabric_loop.py --steps 30 --ckpt-dir ckpt --ckpt-every 10
 """
@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--export", default="model_final.pt")
     p.add_argument("--timing-log", default="")
     args = p.parse_args()
+    start = time.time()
     fabric = L.Fabric(accelerator="cpu", strategy="ddp", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                       num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", 1)))
     fabric.launch()
@@ -65,6 +66,8 @@ def main() -> None:
         optimizer.step()
         time.sleep(args.step_seconds)
         state["step"] += 1
+        if state["step"] == 1:
+            log_timing(fabric, args.timing_log, "first_step", 1, start, time.time())
         if state["step"] % args.ckpt_every == 0:
             t0 = time.time()
             fabric.save(path, state)
