@@ -223,3 +223,15 @@ def test_dcp_state_preparation_is_part_of_the_restore_and_its_zero_step_no_step(
     assert (loaded["step"], loaded["step_source"]) == (1, "content")
     assert began - 1e-3 <= loaded["time"] - loaded["seconds"] and loaded["time"] <= ended + 1e-3
     assert loaded["seconds"] >= 0.9 * (ended - began)
+
+
+def test_the_launchers_feature_probe_does_not_import_dcp() -> None:
+    # Importing torch.distributed.checkpoint to see that async_save exists cost `trainguard run` 0.5-1 s at start.
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainguard.torch_api.features import probe; s = probe(); "
+            "print('torch.distributed.checkpoint' in sys.modules, dict((f.name, f.available) for f in s.features)"
+            "['dcp_async'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"]
