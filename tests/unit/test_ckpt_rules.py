@@ -47,9 +47,9 @@ def test_the_step_a_checkpoint_holds() -> None:
     assert ckpt_rules.step_in_content({"epoch": 3}) == (None, 3.0)
     assert ckpt_rules.step_in_content({"step": True}, {"step": -1}, {"step": 2.5}) == (None, None)
     assert ckpt_rules.step_in_content(None, {"step": 12}) == (12, None)
-    assert [ckpt_rules.step_in_path(p) for p in ("ckpt/step-15", "checkpoint_7", "out/checkpoint-250/model.safetensors",
-                                                 "lightning/epoch=1-step=300.ckpt", "iter_0042.pt", "ckpt/last.pt")] == [
-        15, 7, 250, 300, 42, None]
+    paths = ("ckpt/step-15", "checkpoint_7", "out/checkpoint-250/model.safetensors", "lightning/epoch=1-step=300.ckpt",
+             "iter_0042.pt", "ckpt/last.pt")
+    assert [ckpt_rules.step_in_path(p) for p in paths] == [15, 7, 250, 300, 42, None]
 
 
 def _loaded(step: int, source: str, attempt: int = 1) -> CheckpointLoaded:
