@@ -235,3 +235,21 @@ def test_the_launchers_feature_probe_does_not_import_dcp() -> None:
             "['dcp_async'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_an_async_dcp_save_is_one_save_blocking_for_its_call(rt: runtime.Runtime, tmp_path: Path) -> None:
+    # async_save runs DCP's own save in a background thread: that write is the async save's, not a second save.
+    import torch.distributed.checkpoint as dcp
+
+    assert ckpt_entries.on_import("torch.distributed.checkpoint", dcp)
+    model, opt = _model_and_opt()
+    _step(model, opt)
+    future = dcp.async_save({"model": model.state_dict(), "step": 1}, checkpoint_id=str(tmp_path / "a"), no_dist=True)
+    import threading
+
+    recorded = threading.Event()  # callbacks run in the order added: the observation's first, then this one
+    future.add_done_callback(lambda _: recorded.set())
+    future.result(timeout=60)
+    assert recorded.wait(timeout=60)
+    (save,) = _records(rt, "checkpoint_save_finished")
+    assert save["entry"] == "dcp.async_save" and save["blocking_seconds"] <= save["total_seconds"]

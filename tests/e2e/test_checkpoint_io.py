@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e._run_helpers import events, of_type, trainguard
+from tests.e2e._run_helpers import TINY_DEMO, events, of_type, trainguard
 
 USER = Path(__file__).resolve().parent / "userscripts"
 
@@ -141,3 +141,16 @@ def test_each_save_and_restore_is_recorded_once_and_the_export_not_at_all(run: R
     rep = run.report
     total = rep["productive_seconds"] + sum(rep["badput_seconds"].values())
     assert total == pytest.approx(rep["wall_seconds"], rel=1e-6, abs=1e-6)
+
+
+def test_trainguards_own_checkpoints_are_not_recorded_again_as_dcp_calls(tmp_path: Path) -> None:
+    # The demo saves and restores with trainguard's Checkpointer, which calls DCP: its records are its own.
+    run_dir = tmp_path / "run"
+    res = trainguard("demo", "--ranks", "2", "--steps", "16", "--ckpt-every", "4", "--model", TINY_DEMO, "--run-dir",
+                     str(run_dir), "--inject", "crash@step=11,rank=1", "--json", timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = events(run_dir, "rank-")
+    saves, loads = of_type(ranks, "checkpoint_save_finished"), of_type(ranks, "checkpoint_loaded")
+    assert saves and loads
+    assert {(r["entry"], r["framework"]) for r in saves + loads} == {("", "")}
+    assert sorted((r["attempt"], r["rank"]) for r in loads) == [(1, 0), (1, 1)]

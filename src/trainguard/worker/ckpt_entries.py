@@ -39,12 +39,12 @@ _FABRIC_LOAD = EntryPoint("fabric.load", "load", "fabric", path=((1, "path"),), 
 ENTRIES: dict[str, tuple[tuple[str, EntryPoint], ...]] = {
     "torch.optim": (("torch.serialization.save", _TORCH_SAVE), ("torch.save", _TORCH_SAVE),
                     ("torch.serialization.load", _TORCH_LOAD), ("torch.load", _TORCH_LOAD)),
+    # The package's names only: DCP's async_save calls its module's own `save` in a background thread, which must
+    # stay unwrapped (that write is the async save's background part, not a second, blocking save).
     "torch.distributed.checkpoint": tuple(
-        (f"{module}.{name}", EntryPoint(f"dcp.{name}", kind, "torch", path=_DCP_PATH, content=_DCP_STATE, always=True))
-        for module in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver")
-        for name, kind in (("save", "save"), ("async_save", "save"))) + tuple(
-        (f"{module}.load", EntryPoint("dcp.load", "load", "torch", path=_DCP_PATH, content=_DCP_STATE, always=True))
-        for module in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_loader")),
+        (f"torch.distributed.checkpoint.{name}",
+         EntryPoint(f"dcp.{name}", kind, "torch", path=_DCP_PATH, content=_DCP_STATE, always=True))
+        for name, kind in (("save", "save"), ("async_save", "save"), ("load", "load"))),
     "safetensors.torch": (
         ("safetensors.torch.save_file", EntryPoint("safetensors.save_file", "save", "safetensors",
                                                    path=((1, "filename"),), content=((0, "tensors"),))),
