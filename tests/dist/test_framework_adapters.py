@@ -45,8 +45,8 @@ def _of(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def test_the_finder_watches_the_frameworks_unless_told_not_to() -> None:
     assert set(bootstrap.FRAMEWORK_MODULES) == set(frameworks.MODULES)
     assert bootstrap.FRAMEWORKS_ENV == frameworks.ENV
-    assert bootstrap.watched({}) == bootstrap.WATCHED + bootstrap.FRAMEWORK_MODULES
-    assert bootstrap.watched({frameworks.ENV: "0"}) == bootstrap.WATCHED
+    assert bootstrap.watched({}) == bootstrap.WATCHED + bootstrap.FRAMEWORK_MODULES + bootstrap.CHECKPOINT_MODULES
+    assert bootstrap.watched({frameworks.ENV: "0"}) == bootstrap.WATCHED + bootstrap.CHECKPOINT_MODULES
     assert not frameworks.enabled({frameworks.ENV: "0"}) and frameworks.enabled({})
 
 

@@ -172,15 +172,16 @@ def test_hf_trainer_resuming_further_each_attempt_is_not_stopped_for_no_progress
     _check(run_dir, _report(run_dir), steps=25, resumes=[5, 10, 15, 20], lost_steps=[4, 3, 3, 3])
 
 
-def test_hf_trainer_without_its_adapter_resumes_from_its_log_line(tmp_path: Path) -> None:
+def test_hf_trainer_without_its_adapter_resumes_from_the_checkpoint_it_loaded(tmp_path: Path) -> None:
     # --no-framework-adapters: steps come from the optimizer hooks, whose count restarts at 1 (--save_only_model).
-    # The Trainer's "Resuming training from checkpoint ... global step 20" line gives the resume point.
+    # The Trainer's load of checkpoint-20/model.safetensors, seen at safetensors' call, gives the resume point
+    # (before the log line "Resuming training from checkpoint ... global step 20", which says the same).
     script = _hf_args(tmp_path, steps=30, save_every=10, save_only_model=True)
     run_dir, _ = _run(tmp_path, script, "crash@step=24,rank=1", extra=("--no-framework-adapters",))
     ranks = events(run_dir, "rank-")
     assert {r["numbering"] for r in of_type(ranks, "step_completed")} == {"optimizer"}
     rep = _report(run_dir)
-    assert [p["source"] for p in rep["resume_points"]] == ["log"]
+    assert [p["source"] for p in rep["resume_points"]] == ["checkpoint_name"]
     _check(run_dir, rep, steps=30, resumes=[20], lost_steps=[3], adapter=False)
 
 

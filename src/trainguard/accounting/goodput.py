@@ -455,7 +455,7 @@ def compute_goodput(run: RunDir | str | os.PathLike[str] | list[LoadedEvent] | F
     raw_blocks = _blocks(records, offsets)
     run_start, run_end = _wall_span(records, raw_blocks, clock, run_started, run_ended)
     steps = _attempt_steps(records, raw_blocks)
-    points = resume.infer(steps, _loaded_steps(records), _evidence_finder(root, run_started, records, clock))
+    points = resume.infer(steps, resume.loaded_evidence(records), _evidence_finder(root, run_started, records, clock))
     stragglers = _stragglers(records, root)
     kept = resume.offsets(steps, points, Scenario.KEPT)
     account = _account(records, _shifted(raw_blocks, kept), kept, stragglers, clock, run_start, run_end)
@@ -513,15 +513,6 @@ def _account(records: list[Event], blocks: list[_Block], shift: dict[int, int], 
     intervals.extend(_straggler_intervals(stragglers, attempts.redo_from, shift))
     intervals.extend(_checkpoint_intervals(records, clock, attempts))
     return attempts, _tally(_sweep(intervals, run_start, run_end)), completed
-
-
-def _loaded_steps(records: list[Event]) -> dict[int, int]:
-    """Attempt -> the lowest step its ``checkpoint_loaded`` records restored."""
-    out: dict[int, int] = {}
-    for record in records:
-        if isinstance(record, CheckpointLoaded):
-            out[record.attempt] = min(out.get(record.attempt, record.step), record.step)
-    return out
 
 
 def _evidence_finder(root: Path | None, run_started: RunStarted | None, records: list[Event],

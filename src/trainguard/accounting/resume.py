@@ -7,7 +7,10 @@ They say nothing when they start again at 1: the optimizer hooks count steps per
 without a step count (SGD), and an optimizer whose state the script did not restore (HF ``--save_only_model``)
 counts from 1 again. Such an attempt's resume point is taken, in this order, from
 
-1. a ``checkpoint_loaded`` record of the attempt (its step is the resume point);
+1. a ``checkpoint_loaded`` record of the attempt (its step is the resume point). One that trainguard's
+   checkpointer or an adapter wrote, or one of an observed load (`trainguard.worker.ckpt_io`) whose step came
+   from the loaded content or the checkpoint's name, comes before an optimizer count that continued; one whose
+   step came from the restored optimizer's count comes after it; one whose step is unknown says nothing;
 2. a line of the attempt's logs that names the step it resumed from (`resume_step_in_line`: the framework's
    "Resuming training from checkpoint with epoch 0 and global step 250", a script's "resumed from step 250",
    Lightning's "Restoring states from the checkpoint path at .../epoch=0-step=250.ckpt");
@@ -32,15 +35,26 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard.core.events import CheckpointLoaded
+
 log = logging.getLogger(__name__)
 
 CONTINUOUS = ("", "script", "framework")
 """Step numberings that are the script's (or framework's) own: a first step of 1 means it started over."""
 
-SOURCES = ("numbering", "checkpoint_loaded", "log", "checkpoint_files", "first", "unknown")
-"""How a resume point was found: the attempt's first step number; a ``checkpoint_loaded`` record; a log line;
-the script's checkpoint files; ``first``: the run's first attempt with steps, assumed to start at its
-numbers; ``unknown``."""
+SOURCES = ("numbering", "checkpoint_loaded", "checkpoint_content", "checkpoint_name", "optimizer_state", "log",
+           "checkpoint_files", "first", "unknown")
+"""How a resume point was found: the attempt's first step number; a ``checkpoint_loaded`` record written by
+trainguard's checkpointer or an adapter; an observed load's record whose step came from the loaded content,
+from the checkpoint's name, or from the restored optimizer's step count; a log line; the script's checkpoint
+files; ``first``: the run's first attempt with steps, assumed to start at its numbers; ``unknown``."""
+LOADED_SOURCES = {"": "checkpoint_loaded", "content": "checkpoint_content", "name": "checkpoint_name",
+                  "optimizer": "optimizer_state"}
+"""`CheckpointLoaded.step_source` -> the resume point's source (``unknown`` records are no evidence)."""
+_HOW = {"checkpoint_loaded": "loaded", "checkpoint_content": "its content says so",
+        "checkpoint_name": "its name says so", "optimizer_state": "the restored optimizer's step count"}
+_EXACT = ("checkpoint_loaded", "checkpoint_content", "checkpoint_name")
+"""Loaded evidence that comes before an optimizer count that continued."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +115,32 @@ class Scenario(enum.Enum):
     """It started over at its recorded numbers: what the earlier attempts ran beyond them was redone."""
 
 
-def infer(steps: Iterable[AttemptSteps], loaded: Mapping[int, int],
+def loaded_evidence(records: Iterable[object]) -> dict[int, Evidence]:
+    """Attempt -> the resume point its ``checkpoint_loaded`` records give: the best source (`LOADED_SOURCES` in
+    order), then the lowest step; records whose step is unknown are left out."""
+    order = list(LOADED_SOURCES)
+    best: dict[int, tuple[int, int, CheckpointLoaded]] = {}
+    for record in records:
+        if not isinstance(record, CheckpointLoaded) or record.step_source not in LOADED_SOURCES:
+            continue
+        key = (order.index(record.step_source), record.step)
+        if record.attempt not in best or key < best[record.attempt][:2]:
+            best[record.attempt] = (*key, record)
+    out: dict[int, Evidence] = {}
+    for attempt, (_, step, record) in best.items():
+        source = LOADED_SOURCES[record.step_source]
+        where = f" {record.path}" if record.path else ""
+        via = f" ({record.entry})" if record.entry else ""
+        out[attempt] = Evidence(step, source, f"checkpoint{where} of step {step}{via}: {_HOW[source]}")
+    return out
+
+
+def infer(steps: Iterable[AttemptSteps], loaded: Mapping[int, int | Evidence],
           more: Callable[[AttemptSteps, int], Evidence | None] | None = None) -> dict[int, ResumePoint]:
     """The resume point of every attempt with steps, in attempt order.
 
-    ``loaded``: attempt -> step of its ``checkpoint_loaded`` records; ``more(attempt, trained)`` looks for log
+    ``loaded``: attempt -> its ``checkpoint_loaded`` evidence (`loaded_evidence`; a bare step is a record of
+    trainguard's checkpointer or an adapter); ``more(attempt, trained)`` looks for log
     or checkpoint-file evidence of an attempt whose numbers say nothing, ``trained`` being the highest step
     the attempts before it reached (as the run numbers them, assuming nothing was redone).
     """
@@ -121,15 +156,18 @@ def infer(steps: Iterable[AttemptSteps], loaded: Mapping[int, int],
     return points
 
 
-def _point(s: AttemptSteps, loaded: int | None, trained: int, first: bool,
+def _point(s: AttemptSteps, loaded: int | Evidence | None, trained: int, first: bool,
            more: Callable[[AttemptSteps, int], Evidence | None] | None) -> ResumePoint:
-    if s.says_resume_point:
-        return ResumePoint(s.attempt, s.first_step - 1, "numbering", 0,
+    if isinstance(loaded, int):
+        loaded = Evidence(loaded, "checkpoint_loaded", f"checkpoint of step {loaded} loaded")
+    if loaded is not None and loaded.source != "checkpoint_loaded" and first:
+        loaded = None  # an observed load before any restart: a start from given weights, not a resume point
+    numbered = ResumePoint(s.attempt, s.first_step - 1, "numbering", 0,
                            f"its steps are numbered from {s.first_step} ({s.numbering or 'not said'})")
-    found: Evidence | None = None
-    if loaded is not None:
-        found = Evidence(loaded, "checkpoint_loaded", f"checkpoint of step {loaded} loaded")
-    elif more is not None and not first:
+    if s.says_resume_point and (s.numbering in CONTINUOUS or loaded is None or loaded.source not in _EXACT):
+        return numbered
+    found: Evidence | None = loaded
+    if found is None and more is not None and not first:
         found = more(s, trained)
     if found is not None:
         return ResumePoint(s.attempt, found.step, found.source, found.step - (s.first_step - 1), found.detail)

@@ -44,6 +44,7 @@ from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import CheckpointPolicyChanged, CheckpointSaveStarted, Event
 from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV
 from trainguard.errors import TrainguardError
+from trainguard.worker import ckpt_io
 from trainguard.worker.library import Worker
 
 if TYPE_CHECKING:
@@ -291,7 +292,8 @@ class Checkpointer:
         """Hand the state to DCP: staged and uploading in the background (async), or written (sync)."""
         single = not self._comm.distributed
         try:
-            with _quiet_single_process(not single):
+            # ckpt_io.quiet: this save is reported by the checkpointer's own records, not again as a DCP call
+            with _quiet_single_process(not single), ckpt_io.quiet():
                 if self.config.async_save:
                     upload: Future[Any] = dcp.async_save(
                         payload, storage_writer=writer, process_group=self._comm.save_pg,

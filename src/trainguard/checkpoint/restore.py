@@ -40,6 +40,7 @@ from trainguard.checkpoint.staging import StagingArena
 from trainguard.checkpoint.structure import RANK_LOCAL_KEY, RANK_LOCAL_STORED, assign, describe, tensor_bytes
 from trainguard.core.events import CheckpointLoaded, CheckpointRejected, Event
 from trainguard.torch_api.dcp import flatten_state_dict
+from trainguard.worker import ckpt_io
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,9 @@ class Restorer:
         staged = self.arena.state(flat)
         reader = VerifyingReader(path, manifest)
         try:
-            dcp.load(staged, storage_reader=reader, process_group=self.comm.ctl_pg, no_dist=not self.comm.distributed)
+            with ckpt_io.quiet():  # reported by the checkpointer's own record, not again as a DCP call
+                dcp.load(staged, storage_reader=reader, process_group=self.comm.ctl_pg,
+                         no_dist=not self.comm.distributed)
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise

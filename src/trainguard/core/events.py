@@ -194,8 +194,12 @@ class CheckpointSaveStarted(Event):
     rank: int
     step: int
     framework: str = ""
-    """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
-    (``transformers``, ``lightning``), reported by its adapter."""
+    """Who saved: ``""`` (trainguard's checkpointer), the framework whose own save this is (``transformers``,
+    ``lightning``), reported by its adapter, or the library whose public save call was observed (``torch``,
+    ``safetensors``, ``accelerate``, ``fabric``; see ``entry``)."""
+    entry: str = ""
+    """The public call observed (``torch.save``, ``dcp.save``, ``accelerate.save_state``, ...;
+    `trainguard.worker.ckpt_entries`); ``""`` when an adapter or trainguard's checkpointer reported it."""
     tier: str = ""
     """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
     ``peer`` = a peer node's replica of it."""
@@ -218,8 +222,12 @@ class CheckpointSaveFinished(Event):
     ok: bool = True
     error: str = ""
     framework: str = ""
-    """Who saved: ``""`` (trainguard's checkpointer) or the framework whose own save this is
-    (``transformers``, ``lightning``), reported by its adapter."""
+    """Who saved: ``""`` (trainguard's checkpointer), the framework whose own save this is (``transformers``,
+    ``lightning``), reported by its adapter, or the library whose public save call was observed (``torch``,
+    ``safetensors``, ``accelerate``, ``fabric``; see ``entry``)."""
+    entry: str = ""
+    """The public call observed (``torch.save``, ``dcp.save``, ``accelerate.save_state``, ...;
+    `trainguard.worker.ckpt_entries`); ``""`` when an adapter or trainguard's checkpointer reported it."""
     tier: str = ""
     """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
     ``peer`` = a peer node's replica of it."""
@@ -238,11 +246,26 @@ class CheckpointLoaded(Event):
     path: str = ""
     bytes: int = 0
     framework: str = ""
-    """Who restored: ``""`` (trainguard's checkpointer) or the framework whose own resume this is
-    (``transformers``, ``lightning``), reported by its adapter."""
+    """Who restored: ``""`` (trainguard's checkpointer), the framework whose own resume this is
+    (``transformers``, ``lightning``), reported by its adapter, or the library whose public load call was
+    observed (``torch``, ``safetensors``, ``accelerate``, ``fabric``; see ``entry``)."""
+    entry: str = ""
+    """The public call observed (``torch.load``, ``dcp.load``, ``accelerate.load_state``, ...); ``""`` when an
+    adapter or trainguard's checkpointer reported it."""
+    step_source: str = ""
+    """Where ``step`` comes from (`LOADED_STEP_SOURCES`): ``""`` (the writer knew it: trainguard's checkpointer,
+    an adapter), ``content`` (a top-level ``global_step``/``step``/``iteration``/``iter`` of what was loaded),
+    ``name`` (the file's or folder's name: ``step-N``, ``checkpoint_N``, ``epoch=E-step=N``, ``iter_N``),
+    ``optimizer`` (the restored optimizer's own step count) or ``unknown`` (``step`` is 0 and says nothing)."""
+    epoch: float | None = None
+    """A top-level ``epoch`` of what was loaded, if it held one."""
     tier: str = ""
     """Where the copy lives: ``""`` = storage (checkpoint files), ``memory`` = this node's memory tier,
     ``peer`` = a peer node's replica of it."""
+
+
+LOADED_STEP_SOURCES = ("", "content", "name", "optimizer", "unknown")
+"""The values of `CheckpointLoaded.step_source`."""
 
 
 @dataclass(frozen=True, kw_only=True)

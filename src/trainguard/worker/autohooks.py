@@ -21,6 +21,9 @@ has been imported by the script. From then on:
   the pre hook of that attempt's first update.
 * every K steps (``TRAINGUARD_SDC_EVERY``) the replicas compare parameter fingerprints right after the
   update (`trainguard.sdc.check`), before the next step's faults fire.
+* the public checkpoint calls (``torch.save``, ``torch.load``, ...) are observed (`trainguard.worker.ckpt_io`);
+  a restore in progress ends at the first optimizer update after it. An update inside DCP's
+  ``get_state_dict``/``set_state_dict`` (a zero step that creates the optimizer's state) is no step.
 * the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).
@@ -39,7 +42,7 @@ import weakref
 from types import ModuleType
 from typing import Any
 
-from trainguard.worker import runtime
+from trainguard.worker import ckpt_io, runtime
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,9 @@ class OptimizerSteps:
 
     def pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            if ckpt_io.in_state_call():  # DCP creating the optimizer's state with a zero step: no training step
+                return None
+            ckpt_io.on_step(optimizer)  # a restore in progress ends at the first update after it
             rt = self._runtime()
             if rt is None or self._first_pre_mono is not None:
                 return None
@@ -78,7 +84,7 @@ class OptimizerSteps:
     def post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             rt = self._runtime()
-            if rt is None:
+            if rt is None or ckpt_io.in_state_call():
                 return
             lead = self._lead() if self._lead is not None else None
             if lead is None:
@@ -160,6 +166,9 @@ def on_import(name: str, module: ModuleType) -> None:
         rt = runtime.acquire()
         if name == "torch.optim":
             install_optimizer_hooks(module)
+            from trainguard.worker import ckpt_entries
+
+            ckpt_entries.on_import(name, module)  # torch.save / torch.load and the load_state_dict calls
             try:
                 from trainguard.sdc import check as sdc
 

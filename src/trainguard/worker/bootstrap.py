@@ -4,10 +4,11 @@ The folder (`site_dir`) holds a ``sitecustomize.py`` that Python's ``site`` modu
 ``TRAINGUARD_AUTO=1`` and ``TRAINGUARD_AGENT_PID`` are set it loads this file and calls `install`, which
 puts a finder at the front of ``sys.meta_path``. The finder does nothing until the script imports
 ``torch.optim`` or ``torch.distributed``; then it lets the normal loader run that module and calls
-`trainguard.worker.autohooks.on_import` right after. So a script that never imports torch pays only for
-reading two small files, and torch is never imported by trainguard. The finder also watches the framework
-trainer modules (`FRAMEWORK_MODULES`, unless ``TRAINGUARD_FRAMEWORKS=0``): their import installs that
-framework's adapter (`trainguard.worker.frameworks`).
+`trainguard.worker.autohooks.on_import` right after. Modules with checkpoint calls (`CHECKPOINT_MODULES`:
+DCP, safetensors, Accelerate, Fabric) get their calls observed on import (`trainguard.worker.ckpt_entries`).
+So a script that never imports torch pays only for reading two small files, and torch is never imported by
+trainguard. The finder also watches the framework trainer modules (`FRAMEWORK_MODULES`, unless
+``TRAINGUARD_FRAMEWORKS=0``): their import installs that framework's adapter (`trainguard.worker.frameworks`).
 
 This module must stay cheap and self-contained: at start-up it is loaded by path (not as
 ``trainguard.worker.bootstrap``, which would import the ``trainguard`` package, ~50 ms) and it may
@@ -29,6 +30,12 @@ WATCHED = ("torch.optim", "torch.distributed")
 """Modules after whose import the automatic hooks are installed."""
 FRAMEWORK_MODULES = ("transformers.trainer", "lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 """Modules after whose import a framework adapter is installed (`trainguard.worker.frameworks.MODULES`)."""
+CHECKPOINT_MODULES = ("torch.distributed.checkpoint", "safetensors.torch", "accelerate.accelerator",
+                      "torch.distributed.checkpoint.state_dict", "lightning.fabric.fabric", "lightning_fabric.fabric")
+"""Modules after whose import their checkpoint calls are observed (`trainguard.worker.ckpt_entries.MODULES`;
+torch's own are wrapped with the hooks, after ``torch.optim``)."""
+CHECKPOINT_ENV = "TRAINGUARD_CHECKPOINT_IO"
+"""``0``: no checkpoint observation (`trainguard.worker.ckpt_io.ENV`)."""
 FRAMEWORKS_ENV = "TRAINGUARD_FRAMEWORKS"
 """``0``: no framework adapters (`trainguard.worker.frameworks.ENV`)."""
 OWNER_ENV = "TRAINGUARD_AUTO_OWNER_PID"
@@ -117,9 +124,11 @@ class PostImportFinder:
 
 
 def watched(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The modules the finder watches: torch's, and the frameworks' unless ``TRAINGUARD_FRAMEWORKS=0``."""
+    """The modules the finder watches: torch's, the frameworks' unless ``TRAINGUARD_FRAMEWORKS=0``, and those
+    with checkpoint calls unless ``TRAINGUARD_CHECKPOINT_IO=0``."""
     env = os.environ if environ is None else environ
-    return WATCHED if env.get(FRAMEWORKS_ENV, "1").strip() == "0" else WATCHED + FRAMEWORK_MODULES
+    names = WATCHED if env.get(FRAMEWORKS_ENV, "1").strip() == "0" else WATCHED + FRAMEWORK_MODULES
+    return names if env.get(CHECKPOINT_ENV, "1").strip() == "0" else names + CHECKPOINT_MODULES
 
 
 def run_hooks(name: str, module: Any) -> None:
@@ -128,6 +137,11 @@ def run_hooks(name: str, module: Any) -> None:
         from trainguard.worker import frameworks
 
         frameworks.on_import(name, module)
+        return
+    if name in CHECKPOINT_MODULES:
+        from trainguard.worker import ckpt_entries
+
+        ckpt_entries.on_import(name, module)
         return
     from trainguard.worker import autohooks
 

@@ -9,6 +9,7 @@ the model is built from a tiny config and the text is turned into ids byte by by
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -37,6 +38,7 @@ class DataTrainingArguments:
     train_file: str = field(default="", metadata={"help": "A local text file."})
     block_size: int = field(default=32, metadata={"help": "Tokens per training example."})
     batch_delay: float = field(default=0.0, metadata={"help": "Seconds each batch takes to arrive (slow storage)."})
+    timing_log: str = field(default="", metadata={"help": "Append when the first step ended (wall clock) here."})
 
 
 class Blocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -51,6 +53,19 @@ class Blocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
+
+
+class FirstStepTimer(transformers.TrainerCallback):
+    """Writes when the first optimizer step of this process ended, for comparing launchers."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path, self.rank, self.done = path, rank, False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.done:
+            self.done = True
+            with open(f"{self.path}.{self.rank}", "a") as fh:
+                fh.write(json.dumps({"what": "first_step", "step": state.global_step, "end": time.time()}) + "\n")
 
 
 def make_collator(delay: float) -> Any:
@@ -85,8 +100,9 @@ def main() -> None:
         ids = [b % model_args.vocab_size for b in f.read()]
     train_dataset = Blocks(ids, data_args.block_size)
 
+    callbacks = [FirstStepTimer(data_args.timing_log, training_args.process_index)] if data_args.timing_log else []
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,
-                      data_collator=make_collator(data_args.batch_delay))
+                      data_collator=make_collator(data_args.batch_delay), callbacks=callbacks)
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=last_checkpoint)
         trainer.log_metrics("train", result.metrics)

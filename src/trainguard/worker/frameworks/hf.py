@@ -18,6 +18,8 @@ Durations the callbacks cannot see are timed around the Trainer's own methods, w
 ``_load_from_checkpoint``, ``_load_optimizer_and_scheduler``, ``_load_rng_state`` (the parts of a resume). A
 Trainer without ``_save_checkpoint`` has its save timed from the last callback before ``on_save``; one without
 the load methods reports its resume point with 0 s of loading.
+Inside those methods the generic observation of ``torch.save``/safetensors (`trainguard.worker.ckpt_io`) stays
+quiet: the adapter reports the save or the resume, once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from transformers.trainer_callback import TrainerCallback
 
+from trainguard.worker import ckpt_io
 from trainguard.worker.frameworks.reporter import FrameworkReporter
 
 log = logging.getLogger(__name__)
@@ -149,7 +152,8 @@ def _wrap_save(original: Callable[..., Any]) -> Callable[..., Any]:
         reporter.save_begin(int(getattr(state, "global_step", 0) or 0))
         ok, error = True, ""
         try:
-            return original(self, *args, **kwargs)
+            with ckpt_io.quiet():  # the save is reported here, not again by the torch or safetensors calls in it
+                return original(self, *args, **kwargs)
         except BaseException as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
             raise
@@ -169,7 +173,8 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         start = time.monotonic()
         try:
-            return original(self, *args, **kwargs)
+            with ckpt_io.quiet():  # reported by this adapter's resume record
+                return original(self, *args, **kwargs)
         finally:
             callback = callback_of(self)
             if callback is not None:

@@ -16,6 +16,10 @@ construction with a trainguard callback at the *front* of ``trainer.callbacks`` 
   for strategies that restore after setup): reading the file and restoring the module;
 * ``on_validation_end``: the next step's time counts from its end.
 
+From ``setup`` until training starts, and within ``save_checkpoint``, the Trainer's checkpoint I/O is this
+adapter's to report: the generic observation of ``torch.save``/``torch.load`` (`trainguard.worker.ckpt_io`)
+stays quiet, so nothing is counted twice.
+
 ``Trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) is timed around: the whole save, state dump,
 write and barrier, is a checkpoint save. The callback classes live at this module's top level (built on
 first use for whichever Lightning package is imported), so a trainer pickled by a spawn launcher pickles.
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from trainguard.worker import ckpt_io
 from trainguard.worker.frameworks.reporter import FrameworkReporter, as_loss
 
 log = logging.getLogger(__name__)
@@ -51,9 +56,26 @@ class _Hooks:
         self.reporter = FrameworkReporter(FRAMEWORK)
         self._mark: float | None = None
         """Monotonic time of the last hook before a checkpoint load (``setup``, ``on_fit_start``)."""
+        self._claimed = False
+        """From ``setup`` until training starts the Trainer's restore is this callback's to report: the
+        ``torch.load`` in it is not observed again (`trainguard.worker.ckpt_io.claim`)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_claimed": False}  # a claim is this process's, not a copy's
+
+    def _release(self) -> None:
+        if self._claimed:
+            self._claimed = False
+            ckpt_io.release()
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._mark = time.monotonic()
+        if not self._claimed:
+            self._claimed = True
+            ckpt_io.claim()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._release()
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._mark = time.monotonic()
@@ -64,6 +86,7 @@ class _Hooks:
         self.reporter.load_span(self._mark if self._mark is not None else now, now, str(path) if path else "")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._release()
         self.reporter.train_begin(int(getattr(trainer, "global_step", 0) or 0))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -85,6 +108,7 @@ class _Hooks:
         self.reporter.train_end()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._release()
         self.reporter.flush()
 
 
@@ -153,7 +177,8 @@ def _wrap_save(original: Callable[..., Any]) -> Callable[..., Any]:
         reporter.save_begin(int(getattr(self, "global_step", 0) or 0))
         ok, error = True, ""
         try:
-            return original(self, filepath, *args, **kwargs)
+            with ckpt_io.quiet():  # reported here, not again by the torch.save in it
+                return original(self, filepath, *args, **kwargs)
         except BaseException as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
             raise
