@@ -75,7 +75,7 @@ def test_the_documented_run_flags_parse() -> None:
         "redirects": "3", "tee": "0:1", "quiet": True, "max_log_mb": 64, "node_lost_timeout_seconds": 6.0,
         "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring"}
     assert flag_values(args, WatchdogConfig) == {"floor_seconds": 7.0, "multiplier": 2.5,
-                                                 "first_step_allowance_seconds": 120.0,
+                                                 "busy_allowance_seconds": 4.0, "first_step_allowance_seconds": 120.0,
                                                  "checkpoint_allowance_seconds": 120.0}
     assert args.command == ["pkg.train", "--lr", "1"]
 
