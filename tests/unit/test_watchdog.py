@@ -233,6 +233,7 @@ def test_a_rank_at_work_while_the_others_wait_gets_the_busy_allowance() -> None:
         assert w.check(beats(now), now=now) is None
     v = w.check(beats(5.1), now=5.1)  # a loop stuck for good on rank 0 is still found, at the busy allowance
     assert v is not None and v.waiting_ranks == (1,) and v.timeout_seconds == 4.0
+    assert "rank(s) [0] at work outside any collective" in v.reason
 
 
 def test_a_script_rank_at_work_gets_the_busy_allowance_a_stopped_one_the_timeout() -> None:

@@ -293,6 +293,8 @@ class Watchdog:
             parts.append(f"rank(s) {waiting} waiting in a collective (longest {longest:.1f}s)")
         if stale:
             parts.append(f"rank(s) {stale} stopped writing heartbeats (process stopped or frozen)")
+        if busy:
+            parts.append(f"rank(s) {busy} at work outside any collective (given the busy allowance)")
         return Verdict(
             ranks=tuple(stale or sorted(beats)), onset_mono=onset, timeout_seconds=timeout,
             last_steps={r: last_steps.get(r, 0) for r in beats}, reason=", ".join(parts),
