@@ -246,6 +246,12 @@ def test_a_script_rank_at_work_gets_the_busy_allowance_a_stopped_one_the_timeout
     stopped = Heartbeat(step=5, steps_done=5, progress_mono=0.5, duration_seconds=0.1, phase="step",
                         phase_start_mono=0.5, source="script", alive_mono=0.6)
     assert w.check({0: stopped}, now=3.0) is not None
+    # Rank 1 waits in a collective for rank 0, at work: rank 1 is not late before the busy allowance either.
+    waiting = Heartbeat(step=5, steps_done=5, progress_mono=0.5, duration_seconds=0.1, phase="step",
+                        phase_start_mono=0.5, source="script", alive_mono=3.0, pending_since_mono=0.6)
+    assert w.check({0: working, 1: waiting}, now=3.0) is None
+    v = w.check({0: stopped, 1: waiting}, now=3.0)
+    assert v is not None and v.ranks == (0, 1)
 
 
 def test_the_recorded_healthy_runs_give_no_false_hang_under_the_default_model() -> None:

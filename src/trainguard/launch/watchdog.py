@@ -224,8 +224,12 @@ class Watchdog:
             progress.append(self.attempt_start_mono)
             if now > self._first_step_deadline(current.get(rank)):
                 late.append(rank)
+        # A rank at work (a save, an evaluation) keeps the ranks that wait for it from being late before the
+        # busy allowance: the waiting ones are in a collective, the busy one is alive.
+        if any(self._busy(current[r], now) for r in scripted):
+            timeout = max(timeout, self.config.busy_allowance_seconds)
         for rank in scripted:
-            last, deadline = self._script_deadline(current[rank], timeout, now)
+            last, deadline = self._script_deadline(current[rank], timeout)
             progress.append(last)
             if now > deadline:
                 late.append(rank)
@@ -244,13 +248,11 @@ class Watchdog:
         return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds and \
             beat.pending_since_mono <= 0
 
-    def _script_deadline(self, beat: Heartbeat, timeout: float, now: float) -> tuple[float, float]:
+    def _script_deadline(self, beat: Heartbeat, timeout: float) -> tuple[float, float]:
         """(last progress, deadline) of a rank that counts its steps through ``trainguard.attach()``."""
         if beat.steps_done == 0:
             return self.attempt_start_mono, self._first_step_deadline(beat)
         deadline = beat.progress_mono + timeout
-        if self._busy(beat, now):
-            deadline = max(deadline, beat.progress_mono + self.config.busy_allowance_seconds)
         if beat.phase in _ALLOWANCE_PHASES:
             deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         return beat.progress_mono, deadline
