@@ -12,7 +12,7 @@ others wait for looks the same as a stuck loop. A rank stopped or frozen (its ba
 writing for ``alive_stale_seconds``) or waiting in a collective gets only the timeout.
 
 * ``script`` (``trainguard.attach()`` steps): a rank is hung when no step of its own ended for longer than
-  the timeout (the busy allowance while it is busy); ``first_step_allowance_seconds`` from the attempt's
+  the timeout (the busy allowance while some rank is busy); ``first_step_allowance_seconds`` from the attempt's
   start before its first step; at least ``checkpoint_allowance_seconds`` from the start of a ``checkpoint``
   phase (or ``done``: the rank finished and waits for the others).
 * ``optimizer`` (automatic optimizer-step hooks in an unmodified script): a hang is a *wait*. The job is
