@@ -22,7 +22,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*|-[a-z](?![\w-]))")
 # Flags docs/run.md shows that are not trainguard's: the training scripts' own, Python's, a benchmark's.
 # scripts', benchmarks' and python's own flags
-_NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn"}
+_NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn", "--skip-real"}
 
 
 def _parser(module: object) -> argparse.ArgumentParser:
