@@ -20,6 +20,7 @@ pytestmark = pytest.mark.timeout(600)
 SCRIPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt_inprocess.py"
 BAD_REPLACEMENT = ROOT / "tests" / "e2e" / "userscripts" / "inprocess_bad_replacement.py"
 AFTER_SPARE = ROOT / "tests" / "e2e" / "userscripts" / "inprocess_after_spare.py"
+AUTOHOOKS = ROOT / "tests" / "e2e" / "userscripts" / "inprocess_autohooks.py"
 TRAIN = ["--steps", "16", "--ckpt-every", "4", "--seed", "3", *TINY]
 
 
@@ -120,6 +121,30 @@ def test_hung_rank_is_killed_and_replaced_in_process_with_the_fault_free_loss(
     assert recovery["status"] == "recovered" and recovery["failure_kind"] == "hang"
     assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "in-process"]
     assert "rank 0 re-enters in attempt 1" in (run_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
+
+
+def test_a_loop_without_attach_is_recovered_in_process_and_its_survivor_keeps_beating(tmp_path: Path) -> None:
+    # The function never calls trainguard.attach(): only the automatic optimizer hooks see its steps. The
+    # survivor re-enters it with torch.optim already imported; its steps must go on being counted in the new
+    # attempt, and its SDC check must create its group beside the replacement's (once, a survivor without
+    # either left the replacement waiting in new_group and itself silent: no hang rule but the 120 s
+    # first-step allowance applied, then a fallback; 161 s in all).
+    run_dir = tmp_path / "run"
+    proc = trainguard("run", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--no-health-checks",
+                      "--max-restarts", "2", "--in-process", "--inject", "crash@step=12,rank=1", "--",
+                      str(AUTOHOOKS), "--ckpt-dir", str(tmp_path / "ckpt"), timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "final loss" in proc.stdout + proc.stderr
+    agent = events(run_dir, "agent-")
+    assert [(f["kind"], f["ranks"]) for f in of_type(agent, "failure_detected")] == [("crash", [1])]
+    [recovery] = of_type(agent, "inprocess_recovery")
+    assert recovery["status"] == "recovered" and recovery["ranks"] == [1] and recovery["attempt"] == 1
+    assert [a["recovery"] for a in of_type(agent, "attempt_started")] == ["", "in-process"]
+    assert "rank 0 re-enters in attempt 1" in (run_dir / "logs" / "attempt-0" / "rank-0.log").read_text()
+    # The survivor's steps in attempt 1 were counted by the hooks, by AdamW's own (restored) step numbers.
+    survivor = [e for e in events(run_dir, "rank-0") if e["type"] == "step_completed" and e["attempt"] == 1]
+    assert survivor and survivor[0]["step"] == 11 and survivor[-1]["step"] == 40
+    assert {e["numbering"] for e in survivor} == {"optimizer"}
 
 
 def test_failed_in_process_restart_falls_back_to_restarting_every_worker(

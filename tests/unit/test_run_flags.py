@@ -22,7 +22,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*|-[a-z](?![\w-]))")
 # Flags docs/run.md shows that are not trainguard's: the training scripts' own, Python's, a benchmark's.
 # scripts', benchmarks' and python's own flags
-_NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn", "--only"}
+_NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn", "--only",
+             "--skip-real"}
 
 
 def _parser(module: object) -> argparse.ArgumentParser:
@@ -75,7 +76,7 @@ def test_the_documented_run_flags_parse() -> None:
         "redirects": "3", "tee": "0:1", "quiet": True, "max_log_mb": 64, "node_lost_timeout_seconds": 6.0,
         "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring"}
     assert flag_values(args, WatchdogConfig) == {"floor_seconds": 7.0, "multiplier": 2.5,
-                                                 "first_step_allowance_seconds": 120.0,
+                                                 "busy_allowance_seconds": 4.0, "first_step_allowance_seconds": 120.0,
                                                  "checkpoint_allowance_seconds": 120.0}
     assert args.command == ["pkg.train", "--lr", "1"]
 

@@ -75,6 +75,16 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
 
 
+def _latency(record: FailureDetected) -> str:
+    """The detection latency and what it is counted from (`FailureDetected.latency_from`)."""
+    seconds = f"{record.detection_latency_seconds:.2f}s"
+    if record.latency_from == "fault":
+        return f"{seconds} after the injected fault"
+    if record.latency_from == "last-progress":
+        return f"{seconds} after the job's last progress (the fault's own time is unknown: an estimate)"
+    return f"{seconds} after the last sign of life"
+
+
 def _hosts(hosts: tuple[str, ...]) -> str:
     return f" on {'node' if len(hosts) == 1 else 'nodes'} {','.join(hosts)}" if hosts else ""
 
@@ -148,8 +158,7 @@ class Console:
             where = f" after step {record.step}" if record.step is not None else " before the first step"
             detail = f" ({record.detail})" if record.detail else ""
             return (f"{record.kind} detected in attempt {record.attempt}{where}: {_ranks(record.ranks)}"
-                    f"{_hosts(record.hosts)}, {record.detection_latency_seconds:.2f}s after the last sign of "
-                    f"life{detail}")
+                    f"{_hosts(record.hosts)}, {_latency(record)}{detail}")
         if isinstance(record, Diagnosis):
             evidence = self.cfg.layout.diagnostics_dir(record.attempt)
             verdict = f"{record.verdict}, " if record.verdict else ""

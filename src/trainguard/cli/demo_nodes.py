@@ -81,7 +81,8 @@ def _child_args(args: argparse.Namespace, cfg: Any, index: int, nnodes: str, end
            "--rdzv-conf", f"keep_alive_interval={KEEP_ALIVE_SECONDS}", "--rdzv-last-call", str(LAST_CALL_SECONDS),
            "--node-lost-timeout", str(NODE_LOST_SECONDS), "--max-restarts", str(cfg.max_restarts),
            "--no-progress-attempts", str(cfg.max_no_progress_attempts), "--hang-floor", str(wd.floor_seconds),
-           "--hang-multiplier", str(wd.multiplier), "--first-step-allowance", str(wd.first_step_allowance_seconds),
+           "--hang-multiplier", str(wd.multiplier), "--busy-allowance", str(wd.busy_allowance_seconds),
+           "--first-step-allowance", str(wd.first_step_allowance_seconds),
            "--checkpoint-allowance", str(wd.checkpoint_allowance_seconds), "--stop-grace", str(cfg.stop_grace_seconds),
            "--sdc-check-every", str(cfg.sdc_check_every)]
     if args.quiet:

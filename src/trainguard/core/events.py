@@ -325,7 +325,12 @@ class FailureDetected(Event):
     """Ranks blamed by detection (the culprit where known, else the ranks seen failing)."""
     hosts: tuple[str, ...] = ()
     detection_latency_seconds: float = 0.0
-    """From the failure's onset (last progress, process exit) to this detection."""
+    """From the failure's onset to this detection; ``latency_from`` says what the onset is."""
+    latency_from: str = ""
+    """What the latency is counted from: ``fault`` (the injected fault's own record: exact, up to the hosts'
+    clocks), ``last-progress`` (a hang: the job's last progress the watchdog saw, an estimate within about a
+    step of the fault, docs/run.md), ``""`` (the last time the agent saw every worker alive: a crash or exit,
+    an upper bound by at most the monitor interval)."""
     step: int | None = None
     """Last step completed before the failure, if known."""
     evidence: tuple[str, ...] = ()

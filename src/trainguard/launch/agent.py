@@ -53,6 +53,7 @@ from trainguard.launch.failures import (
     wait_for_peer_dumps,
 )
 from trainguard.launch.framework_progress import FrameworkCheckpoints
+from trainguard.launch.hang_latency import hang_latency
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.lifetime import ProcessTracker
 from trainguard.launch.logs import RunDirLogs
@@ -481,13 +482,14 @@ class GuardAgent(ElasticAgentBase):
         ev = self._gather(wg, set())
         wait_for_peer_dumps(self.diag_dir(), len(wg.workers), world)
         found = hang_finding(ev, verdict, world, self.layout, self.attempt)
-        latency = mono - verdict.onset_mono
+        latency = hang_latency(self.layout, self.attempt, list(range(world)), wall, mono - verdict.onset_mono)
         detail = f"{verdict.reason}; {found.explanation}"
         if self.recorder.claim(self.attempt):
             last = min(verdict.last_steps.values()) if verdict.last_steps else None
-            self.recorder.record(self.attempt, "hang", found.culprits, latency, wall, last, ev, detail,
+            self.recorder.record(self.attempt, "hang", found.culprits, latency.seconds, wall, last, ev, detail,
                                  verdict=found.verdict, explanation=found.diagnosis_explanation,
-                                 diagnosis_ranks=found.diagnosis_ranks, backend=found.backend)
+                                 diagnosis_ranks=found.diagnosis_ranks, backend=found.backend,
+                                 latency_from=latency.origin)
         self.close_attempt("failure", None)
         hang = attempts.Hang(tuple(found.culprits), self._outcome(self._read_beats(wg), ev),
                              self._replaceable(wg, found.culprits))

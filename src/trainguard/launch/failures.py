@@ -211,11 +211,12 @@ class FailureRecorder:
 
     def record(self, attempt: int, kind: str, ranks: list[int], latency: float, wall: float, step: int | None,
                ev: evidence.GatheredEvidence, detail: str, *, verdict: str, explanation: str,
-               diagnosis_ranks: list[int] | None = None, backend: str | None = None, if_unknown: str = "") -> None:
+               diagnosis_ranks: list[int] | None = None, backend: str | None = None, if_unknown: str = "",
+               latency_from: str = "") -> None:
         """``FailureDetected`` and a classified ``Diagnosis`` of a crash or hang (the caller claimed it)."""
         record = FailureDetected(time=wall, host=self.cfg.node_id, attempt=attempt, kind=kind,
                                  ranks=tuple(ranks), hosts=self.hosts_of(attempt, ranks),
-                                 detection_latency_seconds=max(0.0, latency), step=step,
+                                 detection_latency_seconds=max(0.0, latency), latency_from=latency_from, step=step,
                                  evidence=tuple(ev.files), detail=detail)
         self.add(record)
         found = classify(ev, ranks, verdict, backend, attempt)

@@ -4,15 +4,22 @@ The agent hands `Watchdog.check` each rank's latest heartbeat and ``time.monoton
 clock, so a step of the wall clock can neither fake a hang nor hide one. How a rank is judged depends on
 where its progress signal comes from (``Heartbeat.source``):
 
+The timeout is learned from the job's step intervals (`trainguard.launch.hang_timeout`): the longest recent
+interval times ``multiplier``, never below ``floor_seconds``. A rank that is alive and outside any collective
+(it computes, saves, evaluates: its background thread writes, nothing of it is pending) is *busy*: whatever
+waits for it is given at least ``busy_allowance_seconds``, since a rank-0 checkpoint save or evaluation the
+others wait for looks the same as a stuck loop. A rank stopped or frozen (its background thread stopped
+writing for ``alive_stale_seconds``) or waiting in a collective gets only the timeout.
+
 * ``script`` (``trainguard.attach()`` steps): a rank is hung when no step of its own ended for longer than
-  ``max(floor, multiplier x median step)``; ``first_step_allowance_seconds`` from the attempt's start
-  before its first step; at least ``checkpoint_allowance_seconds`` from the start of a ``checkpoint``
+  the timeout (the busy allowance while some rank is busy); ``first_step_allowance_seconds`` from the attempt's
+  start before its first step; at least ``checkpoint_allowance_seconds`` from the start of a ``checkpoint``
   phase (or ``done``: the rank finished and waits for the others).
 * ``optimizer`` (automatic optimizer-step hooks in an unmodified script): a hang is a *wait*. The job is
   hung only when nothing progressed (no step ended and no collective completed on any such rank) for
-  longer than that timeout AND some rank has waited in a collective for longer than it, or some rank's
-  background thread stopped writing (the process is stopped or frozen). A long validation or data phase
-  without collectives is therefore never called a hang.
+  longer than the timeout AND some rank has waited in a collective for longer than it, or some rank's
+  background thread stopped writing (the process is stopped or frozen); while a rank is busy, not before
+  the busy allowance. A long validation or data phase without collectives is therefore never called a hang.
 * ``none`` (no signal): watched for crashes only as long as no rank of the run ever sent a signal; once
   some attempt did, a rank of a later attempt that has not sent one yet gets the first-step allowance.
 """
@@ -20,13 +27,12 @@ where its progress signal comes from (``Heartbeat.source``):
 from __future__ import annotations
 
 import logging
-import statistics
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainguard.core.numeric import in_range, is_number
 from trainguard.core.protocol import Heartbeat
+from trainguard.launch.hang_timeout import StepIntervals, TimeoutModel
 from trainguard.launch.settings import Flag, setting
 
 log = logging.getLogger(__name__)
@@ -38,12 +44,20 @@ _ALLOWANCE_PHASES = ("checkpoint", "done")
 class WatchdogConfig:
     """How the agent decides a job is hung."""
 
-    floor_seconds: float = setting(4.0, section="detection", flag=Flag(
+    floor_seconds: float = setting(1.5, section="detection", flag=Flag(
         ("--hang-floor",), "never call a hang sooner than this after the last step", metavar="SECONDS", shared=True))
-    """Never call a hang sooner than this after the last progress."""
+    """Never call a hang sooner than this after the last progress (docs/decisions.md: 1.7x the longest healthy
+    step interval recorded under load)."""
     multiplier: float = setting(3.0, section="detection", flag=Flag(
-        ("--hang-multiplier",), "hang timeout = this x median step time, if above the floor", shared=True))
-    """Hang timeout = multiplier x median observed step time (if above the floor)."""
+        ("--hang-multiplier",), "hang timeout = this x the longest recent step interval, if above the floor",
+        shared=True))
+    """Hang timeout = multiplier x the longest of the recent step intervals (if above the floor)."""
+    busy_allowance_seconds: float = setting(4.0, section="detection", flag=Flag(
+        ("--busy-allowance",), "time given to a rank that works outside any collective while others wait",
+        metavar="SECONDS", shared=True))
+    """A rank alive and outside any collective (a save, an evaluation, a stuck loop: they look alike) is not
+    called hung before this much time without progress; also the least timeout until ``warmup_samples`` step
+    intervals are known."""
     first_step_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
         ("--first-step-allowance",), "time allowed from a (re)start to the first step", metavar="SECONDS",
         shared=True))
@@ -51,24 +65,34 @@ class WatchdogConfig:
     checkpoint_allowance_seconds: float = setting(120.0, section="detection", flag=Flag(
         ("--checkpoint-allowance",), "time allowed inside a checkpoint phase", metavar="SECONDS", shared=True))
     """Time allowed inside a checkpoint phase."""
-    samples: int = 50
-    """Step times remembered for the median (kept across attempts)."""
-    alive_stale_seconds: float = 5.0
-    """A rank whose background thread has not written for this long is stopped or frozen (it writes ~1 Hz)."""
+    samples: int = 200
+    """Step intervals remembered (kept across attempts); the longest of them sets the timeout."""
+    warmup_samples: int = 5
+    """Until this many step intervals are known, the timeout is at least ``busy_allowance_seconds``."""
+    alive_stale_seconds: float = 1.5
+    """A rank whose background thread has not written for this long is stopped or frozen (it writes every
+    0.25 s: `trainguard.worker.runtime.TICK_SECONDS`)."""
 
     def __post_init__(self) -> None:
-        for name in ("floor_seconds", "multiplier", "first_step_allowance_seconds", "checkpoint_allowance_seconds",
-                     "alive_stale_seconds"):
+        for name in ("floor_seconds", "multiplier", "busy_allowance_seconds", "first_step_allowance_seconds",
+                     "checkpoint_allowance_seconds", "alive_stale_seconds"):
             value = getattr(self, name)
             # `not (0 < x < 1e6)` also refuses NaN, which would make every comparison false (never a hang).
             if not (is_number(value) and 0 < value < 1e6):
                 raise ValueError(f"{name} must be a positive number below 1e6, got {value!r}")
         if not in_range(self.samples, 1, 100_000, integer=True):
             raise ValueError(f"samples must be a whole number from 1 to 100000, got {self.samples!r}")
+        if not in_range(self.warmup_samples, 0, 100_000, integer=True):
+            raise ValueError(f"warmup_samples must be a whole number from 0 to 100000, got {self.warmup_samples!r}")
 
     def max_timeout_seconds(self) -> float:
         """The longest the watchdog can wait: the process-group timeout must exceed this."""
-        return max(self.first_step_allowance_seconds, self.checkpoint_allowance_seconds, self.floor_seconds)
+        return max(self.first_step_allowance_seconds, self.checkpoint_allowance_seconds, self.floor_seconds,
+                   self.busy_allowance_seconds)
+
+    def timeout_model(self) -> TimeoutModel:
+        return TimeoutModel(floor_seconds=self.floor_seconds, multiplier=self.multiplier, samples=self.samples,
+                            warmup_samples=self.warmup_samples, warmup_seconds=self.busy_allowance_seconds)
 
 
 @dataclass(frozen=True)
@@ -80,7 +104,7 @@ class Verdict:
     onset_mono: float
     """Monotonic time of the job's last progress over the ranks watched; latency is measured from it."""
     timeout_seconds: float
-    """The learned timeout in force when the hang was declared."""
+    """The learned timeout in force when the hang was declared (the busy allowance if that applied)."""
     last_steps: dict[int, int]
     """Last completed step per rank watched."""
     reason: str
@@ -96,6 +120,8 @@ class _RankTrack:
     """What the watchdog remembers of one rank within an attempt."""
 
     steps_done: int = 0
+    progress_mono: float = 0.0
+    """End of the rank's last step seen (0: none in this attempt)."""
     collectives_done: int = 0
     collective_progress_mono: float = 0.0
     """When a rise of ``collectives_done`` was first seen (0: never in this attempt)."""
@@ -106,7 +132,7 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
-        self._durations: deque[float] = deque(maxlen=config.samples)
+        self.intervals = StepIntervals(config.timeout_model())
         self._tracks: dict[int, _RankTrack] = {}
         self.attempt_start_mono = 0.0
         self.signal_seen = False
@@ -117,20 +143,28 @@ class Watchdog:
         self.attempt_start_mono = start_mono
         self._tracks = {}
 
-    def median_step_seconds(self) -> float | None:
-        return statistics.median(self._durations) if self._durations else None
+    def longest_step_seconds(self) -> float | None:
+        """The longest recent step interval (None before any)."""
+        return self.intervals.longest()
 
     def timeout_seconds(self) -> float:
-        median = self.median_step_seconds()
-        learned = self.config.multiplier * median if median is not None else 0.0
-        return max(self.config.floor_seconds, learned)
+        return self.intervals.timeout()
 
     def _observe(self, rank: int, beat: Heartbeat, now: float) -> None:
         track = self._tracks.setdefault(rank, _RankTrack())
         if beat.steps_done > track.steps_done:
+            done = beat.steps_done - track.steps_done
+            if track.steps_done > 0:
+                # Step end to step end, on the rank's own clock; steps ended between two reads share the gap,
+                # the last one's own length being known.
+                gap = (beat.progress_mono - track.progress_mono) / done
+                self.intervals.add(max(gap, beat.duration_seconds))
+            else:
+                # The attempt's first step seen: the time before it is start-up (the first-step allowance's),
+                # not a step interval; the step's own length is.
+                self.intervals.add(beat.duration_seconds)
             track.steps_done = beat.steps_done
-            if beat.duration_seconds > 0:
-                self._durations.append(beat.duration_seconds)
+            track.progress_mono = beat.progress_mono
         if beat.collectives_done > track.collectives_done:
             # The record carries no completion time: the poll that first sees the rise dates it (<= 0.1 s late).
             track.collective_progress_mono = now
@@ -172,6 +206,8 @@ class Watchdog:
                            f"(timeout {timeout:.1f}s)")
         if wait is not None:
             reasons.append(wait.reason)
+        if wait is not None:
+            timeout = max(timeout, wait.timeout_seconds)  # the busy allowance, where it applied
         return Verdict(
             ranks=tuple(ranks), onset_mono=onset, timeout_seconds=timeout, last_steps=last_steps,
             reason="; ".join(reasons), stale_ranks=wait.stale_ranks if wait is not None else (),
@@ -188,6 +224,10 @@ class Watchdog:
             progress.append(self.attempt_start_mono)
             if now > self._first_step_deadline(current.get(rank)):
                 late.append(rank)
+        # A rank at work (a save, an evaluation) keeps the ranks that wait for it from being late before the
+        # busy allowance: the waiting ones are in a collective, the busy one is alive.
+        if any(self._busy(current[r], now) for r in scripted):
+            timeout = max(timeout, self.config.busy_allowance_seconds)
         for rank in scripted:
             last, deadline = self._script_deadline(current[rank], timeout)
             progress.append(last)
@@ -202,6 +242,11 @@ class Watchdog:
         if beat is not None and beat.phase in _ALLOWANCE_PHASES:
             deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         return deadline
+
+    def _busy(self, beat: Heartbeat, now: float) -> bool:
+        """Alive (its background thread writes) and in no collective: the rank works on something."""
+        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds and \
+            beat.pending_since_mono <= 0
 
     def _script_deadline(self, beat: Heartbeat, timeout: float) -> tuple[float, float]:
         """(last progress, deadline) of a rank that counts its steps through ``trainguard.attach()``."""
@@ -239,12 +284,19 @@ class Watchdog:
                          if r not in stale and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
         if not waiting and not stale:
             return None  # nothing waits: a long phase without collectives (validation, data), not a hang
+        busy = [r for r, b in beats.items() if r not in stale and self._busy(b, now)]
+        if busy:
+            if now <= onset + self.config.busy_allowance_seconds:
+                return None  # the others wait for a rank at work (a rank-0 save, an evaluation): give it time
+            timeout = max(timeout, self.config.busy_allowance_seconds)
         parts = [f"no step or collective completed for {now - onset:.1f}s (timeout {timeout:.1f}s)"]
         if waiting:
             longest = max(now - beats[r].pending_since_mono for r in waiting)
             parts.append(f"rank(s) {waiting} waiting in a collective (longest {longest:.1f}s)")
         if stale:
             parts.append(f"rank(s) {stale} stopped writing heartbeats (process stopped or frozen)")
+        if busy:
+            parts.append(f"rank(s) {busy} at work outside any collective (given the busy allowance)")
         return Verdict(
             ranks=tuple(stale or sorted(beats)), onset_mono=onset, timeout_seconds=timeout,
             last_steps={r: last_steps.get(r, 0) for r in beats}, reason=", ".join(parts),

@@ -57,6 +57,13 @@ class OptimizerSteps:
         self._last_end_mono: float | None = None
         self._failed = False
 
+    def restart(self) -> None:
+        """Forget the previous attempt: the next step is again an attempt's first (in-process re-entry)."""
+        self._lead = None
+        self._counted = 0
+        self._first_pre_mono = None
+        self._last_end_mono = None
+
     def _runtime(self) -> runtime.Runtime | None:
         rt = runtime.current()
         if rt is None or rt.closed or rt.source == "script" or self._failed:
@@ -160,6 +167,15 @@ def install_optimizer_hooks(optim_module: ModuleType) -> bool:
     return True
 
 
+def _install_sdc(rt: runtime.Runtime) -> None:
+    try:
+        from trainguard.sdc import check as sdc
+
+        sdc.install(rt)
+    except Exception as exc:  # the check is optional; progress and evidence are not
+        log.warning("trainguard: no SDC check (%s)", exc)
+
+
 def on_import(name: str, module: ModuleType) -> None:
     """Called by the bootstrap right after the script imported ``torch.optim`` or ``torch.distributed``."""
     try:
@@ -169,18 +185,33 @@ def on_import(name: str, module: ModuleType) -> None:
             from trainguard.worker import ckpt_entries
 
             ckpt_entries.on_import(name, module)  # torch.save / torch.load and the load_state_dict calls
-            try:
-                from trainguard.sdc import check as sdc
-
-                sdc.install(rt)
-            except Exception as exc:  # the check is optional; progress and evidence are not
-                log.warning("trainguard: no SDC check (%s)", exc)
+            _install_sdc(rt)
         # The control thread starts now rather than once a process group exists: a rank stuck in
         # rendezvous or init_process_group can then still answer with its stacks.
         rt.start_control()
         rt.start_background()
     except Exception as exc:  # instrumentation must never break the script's import of torch
         log.warning("trainguard: automatic instrumentation off (%s)", exc)
+
+
+def on_new_attempt() -> None:
+    """A surviving rank re-enters its training function in a new in-process attempt
+    (`trainguard.worker.inprocess`), whose variables are already in ``os.environ``; the previous attempt's
+    runtime is closed. Nothing imports ``torch.optim`` again, so the hooks follow the process here: a new
+    runtime (heartbeat, events, chaos of the new attempt), the step clock from zero, the SDC check again
+    (the replacement ranks create its group at their first step; a survivor without it would leave them
+    waiting for ever), the control and background threads. Without the hooks (no bootstrap) nothing."""
+    clock = _steps
+    if clock is None:
+        return
+    try:
+        clock.restart()
+        rt = runtime.acquire()
+        _install_sdc(rt)
+        rt.start_control()
+        rt.start_background()
+    except Exception as exc:  # instrumentation must never break the re-entry
+        log.warning("trainguard: automatic instrumentation off in the new attempt (%s)", exc)
 
 
 def uninstall() -> None:

@@ -191,7 +191,8 @@ def _signed_value(store: Any, keys: SignedKeys, attempt: int, name: str, deadlin
 
 def _enter_attempt(store: Any, keys: SignedKeys, attempt: int, deadline: float) -> None:
     """Take the new attempt's environment and drop this process's trainguard runtime, so the function's next
-    ``trainguard.attach()`` (or the automatic hooks) writes heartbeats and events for the new attempt."""
+    ``trainguard.attach()`` writes heartbeats and events for the new attempt; the automatic hooks (a function
+    that never calls ``attach()``) get the new attempt's runtime here (`autohooks.on_new_attempt`)."""
     updates = json.loads(_signed_value(store, keys, attempt, "env", deadline))
     if not isinstance(updates, dict):
         raise InProcessGaveUp(f"attempt {attempt}'s environment is not a JSON object")
@@ -204,6 +205,9 @@ def _enter_attempt(store: Any, keys: SignedKeys, attempt: int, deadline: float) 
     sdc = sys.modules.get("trainguard.sdc.check")
     if sdc is not None:  # its optimizer hook holds the old runtime
         sdc.uninstall()
+    autohooks = sys.modules.get("trainguard.worker.autohooks")
+    if autohooks is not None:  # an unmodified loop (no attach()): its steps go on being counted
+        autohooks.on_new_attempt()
 
 
 def _next_attempt(store: Any, keys: SignedKeys, attempt: int, timeout_seconds: float) -> int:

@@ -3,7 +3,7 @@
 The recorder's JSON dump without collectives (`trainguard.torch_api.c10d`) holds only the per-group counters
 (``last_enqueued_collective``, ``last_completed_collective``): about 4 µs with 2,000 entries in the
 buffer (measured on gloo, torch 2.13 CPU), against ~20 ms for a dump with the entries. It is polled
-about once a second, and only once a default process group exists.
+four times a second (`trainguard.worker.runtime.TICK_SECONDS`), and only once a default process group exists.
 """
 
 from __future__ import annotations
