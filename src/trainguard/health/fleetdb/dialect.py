@@ -72,7 +72,9 @@ class PostgresDialect(Dialect):
         return text.replace("?", "%s")
 
     def read_version(self, db: Executor) -> int:
-        if db.execute("SELECT to_regclass(?)", (VERSION_TABLE,)).fetchone()[0] is None:
+        # Asked of information_schema (a plain snapshot), not to_regclass: after waiting on the advisory lock,
+        # the catalog cache can still miss a table that the lock's previous holder created.
+        if VERSION_TABLE not in self.tables(db):
             return 0
         row = db.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}").fetchone()
         return int(row[0]) if row and row[0] is not None else 0
