@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from trainguard.errors import UsageError
 
@@ -68,26 +68,18 @@ def _password(url: str) -> str | None:
     return unquote(parts.password) if parts.password else None
 
 
+# Up to the last "@": a password holding "@" or "/" unencoded is still hidden whole (showing too little is safe).
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z]+://[^:/?#@]*):.*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
 def redact(location: Location) -> str:
-    """``location`` fit to print: a URL's password (in the user part or a ``password=`` parameter) is ``***``."""
+    """``location`` fit to print: a URL's password (in the user part or a ``password=`` parameter) is ``***``;
+    the rest is left exactly as given."""
     if not is_url(location):
         return str(location)
-    text = str(location)
-    try:
-        parts = urlsplit(text)
-        netloc = parts.netloc
-        if "@" in netloc:
-            user, host = netloc.rsplit("@", 1)
-            if ":" in user:
-                user = user.split(":", 1)[0] + ":" + HIDDEN
-            netloc = f"{user}@{host}"
-        query = parts.query
-        if query:
-            pairs = [(k, HIDDEN if k == "password" else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-            query = urlencode(pairs, safe="/*")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:  # not even a URL's shape: show its scheme only
-        return text.split("//", 1)[0] + "//" + HIDDEN
+    text = _USERINFO_PASSWORD.sub(lambda m: f"{m.group(1)}:{HIDDEN}@", str(location), count=1)
+    return _QUERY_PASSWORD.sub(lambda m: m.group(1) + HIDDEN, text)
 
 
 def scrub(text: str, location: Location) -> str:
