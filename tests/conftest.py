@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from trainguard.core.rundir import RunDir
+
+if TYPE_CHECKING:
+    from tests.postgres_server import PostgresServer
 
 
 @pytest.fixture
@@ -29,3 +34,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = next((name for prefix, name in _GROUPS if where.startswith(prefix)), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One private PostgreSQL server for the session (tests/postgres_server.py); fails without the binaries."""
+    from tests.postgres_server import start_server
+
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fleet_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty fleet database: a SQLite file, or a new database on the session's PostgreSQL server
+    (its URL). Tests taking it run once per engine."""
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return server.url(server.new_database())

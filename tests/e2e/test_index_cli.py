@@ -24,10 +24,9 @@ def _bad_run(root: Path) -> Path:
     return root
 
 
-def test_a_bad_run_does_not_stop_the_good_ones(tmp_path: Path) -> None:
+def test_a_bad_run_does_not_stop_the_good_ones(tmp_path: Path, fleet_db: str) -> None:
     bad = _bad_run(tmp_path / "A_bad")
-    db = tmp_path / "f.db"
-    r = trainguard("index", str(bad), str(SAMPLE_RUN), "--db", str(db), "--json")
+    r = trainguard("index", str(bad), str(SAMPLE_RUN), "--db", fleet_db, "--json")
     assert r.code == 3, r.err
     assert "Traceback" not in r.err and "A_bad" in r.err and "warning" in r.err
     data = json.loads(r.out)
@@ -35,7 +34,7 @@ def test_a_bad_run_does_not_stop_the_good_ones(tmp_path: Path) -> None:
     assert data["runs"][1]["new_events"] == data["total_events"] > 0
 
 
-def test_same_folder_name_two_runs_both_indexed(tmp_path: Path) -> None:
+def test_same_folder_name_two_runs_both_indexed(tmp_path: Path, fleet_db: str) -> None:
     from dataclasses import replace
 
     from trainguard.core.events import RunStarted
@@ -50,9 +49,8 @@ def test_same_folder_name_two_runs_both_indexed(tmp_path: Path) -> None:
         records = [replace(e, time=e.time + 86400) if isinstance(e, RunStarted) else e for e in read_events(path)]
         with b.writer(path.stem) as w:
             w.write_all(records)
-    db = tmp_path / "f.db"
-    first = json.loads(trainguard("index", str(a), "--db", str(db), "--json").out)
-    second = trainguard("index", str(b.root), "--db", str(db), "--json")
+    first = json.loads(trainguard("index", str(a), "--db", fleet_db, "--json").out)
+    second = trainguard("index", str(b.root), "--db", fleet_db, "--json")
     assert second.code == 0, second.err
     data = json.loads(second.out)
     assert data["runs"][0]["new_events"] == first["total_events"] > 0

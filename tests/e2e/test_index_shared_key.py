@@ -44,7 +44,7 @@ def test_two_simulated_trials_in_folders_of_one_name_are_two_runs(tmp_path: Path
     assert runs[0]["new_events"] > 0 and runs[1]["new_events"] > 0
 
 
-def test_a_different_run_under_a_shared_key_is_refused_not_dropped(tmp_path: Path) -> None:
+def test_a_different_run_under_a_shared_key_is_refused_not_dropped(tmp_path: Path, fleet_db: str) -> None:
     a, b = tmp_path / "a" / "job", tmp_path / "b" / "job"
     _simulate(a, 1)
     _simulate(b, 2)
@@ -54,7 +54,7 @@ def test_a_different_run_under_a_shared_key_is_refused_not_dropped(tmp_path: Pat
         lines = path.read_text().splitlines()
         lines = [rs if json.loads(line)["type"] == "run_started" else line for line in lines]
         path.write_text("\n".join(lines) + "\n")
-    db = tmp_path / "f.db"
+    db = fleet_db
     r = trainguard("index", str(a), str(b), "--db", str(db), "--json")
     assert r.code == 3, r.err
     assert "share one key" in r.err and "Traceback" not in r.err

@@ -41,7 +41,7 @@ def test_bad_topology_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
         assert "topology" in r.err
 
 
-def test_hosts_links_lists_link_history(tmp_path: Path) -> None:
+def test_hosts_links_lists_link_history(tmp_path: Path, fleet_db: str) -> None:
     n = 4
     paths = L.write(tmp_path, L.broken_hca(n, 2, 0), n)
     (c,) = classify_paths(paths, combine=True)
@@ -51,7 +51,7 @@ def test_hosts_links_lists_link_history(tmp_path: Path) -> None:
         w.write_all([RunStarted(time=1000.0, host="node-00", run_id="r1", world_size=4),
                      Diagnosis(time=1005.0, host="node-00", attempt=0, category="Network Switch/Cable",
                                group="Network", culprit_hosts=("node-02",), evidence=c.links.evidence_strings())])
-    db = tmp_path / "fleet.db"
+    db = fleet_db
     with FleetDB(db) as fleet:
         fleet.index_run(rd)
     r = trainguard("hosts", "--links", "--json", "--db", str(db))

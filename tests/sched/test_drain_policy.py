@@ -218,7 +218,8 @@ def test_return_needs_passing_checks_and_a_trainguard_drain() -> None:
     assert return_node(sched, "n99", lambda: good, passes=1).status == "refused"
 
 
-def test_records_round_trip_and_reach_the_fleet_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_records_round_trip_and_reach_the_fleet_view(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     fleet_db: str) -> None:
     drained = NodeDrained(time=1000.0, host="n1", node="n2", status="drained", cause="lost",
                           reason="trainguard: node lost, run R attempt 0", scheduler="slurm", attempt=0)
     assert from_dict(json.loads(json.dumps(drained.to_dict()))) == drained
@@ -237,7 +238,7 @@ def test_records_round_trip_and_reach_the_fleet_view(tmp_path: Path, capsys: pyt
         w.write(returned)
         w.write(NodeDrained(time=2000.0 + 3600, host="n1", node="n2", status="drained", cause="hardware",
                             reason="trainguard: Xid 79, run R attempt 3"))
-    db = tmp_path / "fleet.db"
+    db = fleet_db
     with FleetDB(db) as fleet:
         fleet.index(run)
         history = fleet.drain_history()

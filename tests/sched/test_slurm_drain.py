@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.cli import assert_one_line_error, trainguard
+from tests.postgres_server import PostgresServer
 from tests.sched._slurm import SlurmCluster
 from trainguard.health.drain import DrainPolicy, DrainSettings, Verdict
 from trainguard.health.scheduler import drain_reason, open_adapter
@@ -111,6 +112,25 @@ def test_return_node_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert hosts.code == 0, hosts.err
     [n2] = json.loads(hosts.out)
     assert n2["host"] == "n2" and n2["drains"]["returned"] == 1 and n2["drains"]["state"] == "returned"
+
+
+def test_a_return_is_recorded_in_a_fleet_database_on_a_server(slurm: SlurmCluster, tmp_path: Path,
+                                                              postgres_server: PostgresServer) -> None:
+    """``--db postgresql://...``: the return's record goes to this host's data folder and is indexed on the server."""
+    url = postgres_server.url(postgres_server.new_database())
+    env = {**slurm.env(), "XDG_DATA_HOME": str(tmp_path / "data"), "TRAINGUARD_DB": str(tmp_path / "unused.db")}
+    adapter(slurm).drain("n2", drain_reason("node lost", "12", 0))
+    run = tmp_path / "run"
+    base = ["health", "--scheduler", "slurm", "--no-torch", "--no-gpu", "--run-dir", str(run)]
+    assert trainguard(*base, "--node", "n2", "--record", env=env, timeout=60).code == 0
+    r = trainguard(*base, "--return-node", "n2", "--passes", "1", "--db", url, "--json", env=env, timeout=60)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["recorded_in"] == str(tmp_path / "data" / "trainguard" / "maintenance")
+    hosts = trainguard("hosts", "--json", "--drained", "--db", url, env=env, timeout=60)
+    assert hosts.code == 0, hosts.err
+    [n2] = json.loads(hosts.out)
+    assert n2["host"] == "n2" and n2["drains"]["returned"] == 1
+    assert not (tmp_path / "unused.db").exists()
 
 
 def test_return_node_refuses_another_users_drain(slurm: SlurmCluster, tmp_path: Path) -> None:

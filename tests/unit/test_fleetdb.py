@@ -1,4 +1,5 @@
-"""Fleet database: indexing is idempotent, concurrent indexers neither lose nor duplicate events."""
+"""Fleet database: indexing is idempotent, concurrent indexers neither lose nor duplicate events (on SQLite and on
+a real PostgreSQL server: the ``fleet_db`` fixture runs each test once per engine)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def _count_lines(rd: RunDir) -> int:
     return sum(len(p.read_text().splitlines()) for p in rd.event_files())
 
 
-def test_index_is_idempotent_and_builds_host_history(tmp_path: Path) -> None:
+def test_index_is_idempotent_and_builds_host_history(tmp_path: Path, fleet_db: str) -> None:
     rd = _make_run(tmp_path, "run-a", crash_mid_step())
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         assert db.index_run(rd) == _count_lines(rd)
         assert db.index_run(rd) == 0
         assert db.event_count("run-a") == _count_lines(rd)
@@ -45,8 +46,9 @@ def test_index_is_idempotent_and_builds_host_history(tmp_path: Path) -> None:
         assert ("h0", "failed_attempt_member", "attempt 0") in kinds
         (run,) = db.runs()
         assert run.status == "completed" and run.events == _count_lines(rd)
-    mode = sqlite3.connect(tmp_path / "fleet.db").execute("PRAGMA journal_mode").fetchone()[0]
-    assert mode == "wal"
+    if db.engine == "sqlite":
+        mode = sqlite3.connect(fleet_db).execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
 
 
 def _index_many(db_path: str, runs: list[str], rounds: int) -> None:
@@ -56,11 +58,11 @@ def _index_many(db_path: str, runs: list[str], rounds: int) -> None:
                 db.index_run(r)
 
 
-def test_concurrent_indexers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+def test_concurrent_indexers_lose_and_duplicate_nothing(tmp_path: Path, fleet_db: str) -> None:
     runs = [_make_run(tmp_path, f"run-{i}", (crash_mid_step if i % 2 else skewed_hosts)(), own_id=True)
             for i in range(6)]
     expected = sum(_count_lines(r) for r in runs)
-    db_path = str(tmp_path / "fleet.db")
+    db_path = fleet_db
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_index_many, args=(db_path, [str(r.root) for r in runs[i:] + runs[:i]], 3))
              for i in range(4)]
@@ -74,19 +76,24 @@ def test_concurrent_indexers_lose_and_duplicate_nothing(tmp_path: Path) -> None:
         assert len(db.runs()) == 6
 
 
-def test_bad_run_and_bad_db_file(tmp_path: Path) -> None:
-    with FleetDB(tmp_path / "fleet.db") as db, pytest.raises(InputError, match="no such run directory"):
-        db.index_run(tmp_path / "missing")
+def test_a_missing_run_is_an_input_error(tmp_path: Path, fleet_db: str) -> None:
+    with FleetDB(fleet_db) as db:
+        with pytest.raises(InputError, match="no such run directory"):
+            db.index_run(tmp_path / "missing")
+        assert db.runs() == []
+
+
+def test_bad_db_file(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(InputError, match="not a usable fleet database"):
         FleetDB(junk)
 
 
-def test_host_history_filters_by_host(tmp_path: Path) -> None:
+def test_host_history_filters_by_host(fleet_db: str) -> None:
     from trainguard.samples import SAMPLE_RUN
 
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         db.index_run(SAMPLE_RUN)
         assert db.hosts() == ["node-a", "node-b"]
         b = db.host_history("node-b")

@@ -60,10 +60,10 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]
     return code, err
 
 
-def test_fuzz_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fuzz_index(tmp_path: Path, capsys: pytest.CaptureFixture[str], fleet_db: str) -> None:
     rng = random.Random(SEED)
     records = _sample_records()
-    db = tmp_path / "fleet.db"
+    db = fleet_db
     deadline = time.monotonic() + BUDGET_SECONDS
     runs = 0
     for i in range(300):

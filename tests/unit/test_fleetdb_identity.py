@@ -1,5 +1,5 @@
-"""Fleet database identity and robustness: runs are known by content, not folder name; bad records,
-bad database files and failing writes give the documented errors."""
+"""Fleet database identity and robustness: runs are known by content, not folder name (on both engines); bad
+records, bad database files and failing writes give the documented errors."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def _lines(rd: RunDir) -> int:
     return sum(len(p.read_text().splitlines()) for p in rd.event_files())
 
 
-def test_two_runs_with_the_same_folder_name_are_both_indexed(tmp_path: Path) -> None:
+def test_two_runs_with_the_same_folder_name_are_both_indexed(tmp_path: Path, fleet_db: str) -> None:
     # the same job script run on two clusters: same folder name, same run_id, different start
     a = _write(tmp_path / "runs" / "ok", crash_mid_step())
     b = _write(tmp_path / "clusterC" / "ok", crash_mid_step(), start_shift=3600.0, host="c-h0")
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         ra, rb = db.index(a), db.index(b)
         assert ra.uid != rb.uid and ra.run_id == rb.run_id == "crash"
         assert rb.new_events == _lines(b) > 0
@@ -53,11 +53,11 @@ def test_two_runs_with_the_same_folder_name_are_both_indexed(tmp_path: Path) -> 
         assert culprits == {ra.uid, rb.uid}
 
 
-def test_the_same_run_from_a_copied_path_is_not_duplicated(tmp_path: Path) -> None:
+def test_the_same_run_from_a_copied_path_is_not_duplicated(tmp_path: Path, fleet_db: str) -> None:
     a = _write(tmp_path / "runs" / "ok", crash_mid_step())
     copy = tmp_path / "archive" / "renamed"
     shutil.copytree(a.root, copy)
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         first = db.index(a)
         again = db.index(copy)
         assert again.uid == first.uid and again.new_events == 0
@@ -66,13 +66,13 @@ def test_the_same_run_from_a_copied_path_is_not_duplicated(tmp_path: Path) -> No
         assert db.event_count() == _lines(a)
 
 
-def test_runs_without_run_started_are_told_apart_by_content(tmp_path: Path) -> None:
+def test_runs_without_run_started_are_told_apart_by_content(tmp_path: Path, fleet_db: str) -> None:
     a = _write(tmp_path / "x" / "same", crash_mid_step(), drop_run_started=True)
     b_case = crash_mid_step()
     for records in b_case.writers.values():  # the same job started a minute earlier
         records[:] = [replace(r, time=r.time - 60) for r in records]
     b = _write(tmp_path / "y" / "same", b_case, drop_run_started=True)
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         ra, rb = db.index(a), db.index(b)
         assert ra.run_id is None and ra.uid.startswith("anon@") and ra.uid != rb.uid
         # appending to a run keeps its identity
@@ -83,9 +83,9 @@ def test_runs_without_run_started_are_told_apart_by_content(tmp_path: Path) -> N
         assert len(db.runs()) == 2
 
 
-def test_growing_run_keeps_its_identity(tmp_path: Path) -> None:
+def test_growing_run_keeps_its_identity(tmp_path: Path, fleet_db: str) -> None:
     a = _write(tmp_path / "r", crash_mid_step())
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         first = db.index(a)
         with a.writer("rank-9") as w:
             w.write(RunEnded(time=1.0, host="z", run_id="crash", status="failed"))
@@ -104,12 +104,12 @@ def _record_line(**fields: object) -> str:
     {"type": "step_completed", "time": 1e300, "host": "h", "attempt": 0, "rank": 0, "step": "7"},
     {"type": "run_started", "time": 5.0, "host": "h\ud800", "run_id": "x\ud800"},
 ])
-def test_wrong_typed_records_never_break_the_index(tmp_path: Path, bad: dict[str, object]) -> None:
+def test_wrong_typed_records_never_break_the_index(tmp_path: Path, bad: dict[str, object], fleet_db: str) -> None:
     rd = _write(tmp_path / "r", crash_mid_step())
     with (rd.events_dir / "agent-bad.jsonl").open("w") as f:
         f.write(_record_line(type="run_ended", time=1.0, host="h", run_id="r", status="failed"))
         f.write(json.dumps({"v": 1, **bad}) + "\n")
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         try:
             r = db.index(rd)
         except InputError:

@@ -170,7 +170,7 @@ def test_torch_devices_are_held_to_the_expected_count() -> None:
     assert not short.ok and short.severity == HIGH and f"expected {visible + 1}" in short.detail
 
 
-def test_results_reach_the_fleet_history_as_the_lemon_score_reads_them(tmp_path: Path) -> None:
+def test_results_reach_the_fleet_history_as_the_lemon_score_reads_them(tmp_path: Path, fleet_db: str) -> None:
     """Results written as events, read back from disk and indexed: a failed check counts against the
     node (a low-severity one only as a drain-later finding); passed and skipped checks do not."""
     results = [CheckResult("injected", HIGH, False, "flag"), CheckResult("clock_sync", LOW, False, "drift"),
@@ -181,7 +181,7 @@ def test_results_reach_the_fleet_history_as_the_lemon_score_reads_them(tmp_path:
     back = [e for _, _, e in read_run(rd.root)]
     assert [(e.host, e.attempt, e.name, e.severity, e.ok, e.skipped, e.detail) for e in back] == [
         ("node3", 2, r.name, r.severity, r.ok, r.skipped, r.detail) for r in results]
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         db.index_run(rd)
         history = db.host_history("node3")
     [score] = score_hosts(history)

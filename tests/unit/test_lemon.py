@@ -104,8 +104,8 @@ def _write_run(root: Path, run_id: str, t0: float, culprit: str | None) -> RunDi
     return rd
 
 
-def test_flagged_hosts_from_a_real_fleet_database(tmp_path: Path) -> None:
-    db_path = tmp_path / "fleet.db"
+def test_flagged_hosts_from_a_real_fleet_database(tmp_path: Path, fleet_db: str) -> None:
+    db_path = fleet_db
     with FleetDB(db_path) as db:
         db.index_run(_write_run(tmp_path, "run-1", NOW - 2 * DAY, "node-b"))
         db.index_run(_write_run(tmp_path, "run-2", NOW - 1 * DAY, "node-b"))
@@ -120,8 +120,8 @@ def test_flagged_hosts_from_a_real_fleet_database(tmp_path: Path) -> None:
     assert not {s.host: s for s in ranked}["node-c"].flagged
 
 
-def test_hosts_verb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    db_path = tmp_path / "fleet.db"
+def test_hosts_verb(tmp_path: Path, capsys: pytest.CaptureFixture[str], fleet_db: str) -> None:
+    db_path = fleet_db
     with FleetDB(db_path) as db:
         for i in range(2):
             db.index_run(_write_run(tmp_path, f"run-{i}", NOW - i * DAY, "node-b"))
@@ -157,7 +157,7 @@ def test_low_severity_check_failures_never_make_a_lemon() -> None:
     "training log: Xid: 79 mentioned in a comment",  # not the driver's line: no XID for anyone
     "xid 79",
 ])
-def test_classifier_database_and_lemon_score_read_xids_alike(tmp_path: Path, line: str) -> None:
+def test_classifier_database_and_lemon_score_read_xids_alike(tmp_path: Path, line: str, fleet_db: str) -> None:
     """One XID parser: the database records a code exactly when the classifier reads the line as that XID,
     and the lemon score weighs it as the classifier's rule tier says."""
     c = classify_text(line, "kern.log")
@@ -167,7 +167,7 @@ def test_classifier_database_and_lemon_score_read_xids_alike(tmp_path: Path, lin
         w.write(RunStarted(time=NOW, host="node-a", run_id="run", world_size=1, nnodes=1))
         w.write(Diagnosis(time=NOW + 1, host="node-a", attempt=0, category=c.category, group=c.group,
                           culprit_hosts=("node-a",), confidence=0.9, evidence=(line,)))
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         db.index_run(rd)
         rows = [r for r in db.host_history("node-a") if r.kind == "xid"]
     assert [f"xid-{r.detail}" for r in rows] == xid_rules

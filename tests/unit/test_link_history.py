@@ -42,13 +42,13 @@ def test_evidence_lines_round_trip() -> None:
     assert parse_link_evidence("node-03 NCCL WARN NET/IB") is None
 
 
-def test_fleet_db_counts_links_across_runs_and_flags_a_flapping_one(tmp_path: Path) -> None:
+def test_fleet_db_counts_links_across_runs_and_flags_a_flapping_one(tmp_path: Path, fleet_db: str) -> None:
     n = 8
     # two runs in which node-02 retried its connection to node-05 (a job that survived), then one that failed
     flaps = [_evidence(tmp_path / f"f{k}", {2: [L.retry(2, 5), L.retry(2, 5)]}, n) for k in range(2)]
     failed = _evidence(tmp_path / "x", L.broken_hca(n, 3, 1), n)
     runs = [_run(tmp_path, f"run-{k}", ev, 1000.0 * (k + 1)) for k, ev in enumerate([*flaps, failed])]
-    with FleetDB(tmp_path / "fleet.db") as db:
+    with FleetDB(fleet_db) as db:
         for rd in runs:
             db.index_run(rd)
         db.index_run(runs[0])  # indexing again adds nothing

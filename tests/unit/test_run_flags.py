@@ -74,7 +74,8 @@ def test_the_documented_run_flags_parse() -> None:
         "auto_instrument": False, "in_process": True, "in_process_timeout_seconds": 12.0, "warm_spares": 1,
         "fresh_processes": False, "module": True, "no_python": False, "local_addr": "10.0.0.2", "role": "trainer",
         "redirects": "3", "tee": "0:1", "quiet": True, "max_log_mb": 64, "node_lost_timeout_seconds": 6.0,
-        "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring"}
+        "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring",
+        "fleet_db": None}
     assert flag_values(args, WatchdogConfig) == {"floor_seconds": 7.0, "multiplier": 2.5,
                                                  "busy_allowance_seconds": 4.0, "first_step_allowance_seconds": 120.0,
                                                  "checkpoint_allowance_seconds": 120.0}

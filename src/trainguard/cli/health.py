@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nodes.add_argument("--scheduler", default="auto", metavar="NAME",
                        help="auto (default: Slurm with scontrol on the PATH, Kubernetes inside a pod), slurm, "
                             "kubernetes")
-    nodes.add_argument("--db", type=Path, help="fleet database the return is recorded in (default: $TRAINGUARD_DB "
-                                               "or ~/.local/share/trainguard/fleet.db)")
+    nodes.add_argument("--db", help="fleet database the return is recorded in: a SQLite file or a postgresql:// URL "
+                                  "(default: $TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db)")
 
 
 def _config(args: argparse.Namespace, node: str) -> HealthConfig:

@@ -25,9 +25,12 @@ from trainguard.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, InputError, Tra
 log = logging.getLogger(__name__)
 
 
-def maintenance_dir(db: Path) -> Path:
-    """Where returns are recorded: ``<folder of the fleet database>/maintenance`` (indexed like a run)."""
-    return db.parent / "maintenance"
+def maintenance_dir(db: str | Path) -> Path:
+    """Where returns are recorded (indexed like a run): ``<folder of the fleet database>/maintenance``, or for a
+    database on a server this host's ``$XDG_DATA_HOME/trainguard/maintenance``."""
+    from trainguard.health.fleetdb import data_dir
+
+    return db.parent / "maintenance" if isinstance(db, Path) else data_dir() / "maintenance"
 
 
 def _when(t: float | None) -> str:
@@ -59,7 +62,7 @@ def list_drained(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _record(db: Path, outcome: Any, scheduler: str) -> Path:
+def _record(db: str | Path, outcome: Any, scheduler: str) -> Path:
     """Write the return and its last check round to the maintenance folder and index that folder."""
     from trainguard.core.rundir import RunDir
     from trainguard.health.fleetdb import FleetDB
@@ -83,7 +86,7 @@ def return_node(args: argparse.Namespace, config_for: Callable[[argparse.Namespa
     from trainguard.cli.output import print_json
     from trainguard.health import run_checks
     from trainguard.health.drain import return_node as do_return
-    from trainguard.health.fleetdb import default_db_path
+    from trainguard.health.fleetdb import resolve
     from trainguard.health.node_rounds import on_this_host, recorded_rounds
     from trainguard.health.scheduler import open_adapter
 
@@ -108,9 +111,8 @@ def return_node(args: argparse.Namespace, config_for: Callable[[argparse.Namespa
         outcome = do_return(adapter, node, passes=args.passes, recorded=lambda st: recorded_rounds(run_dir, st))
     recorded = None
     if outcome.status == "returned":
-        db = args.db or default_db_path()
         try:
-            recorded = str(_record(Path(db), outcome, adapter.name))
+            recorded = str(_record(resolve(args.db), outcome, adapter.name))
         except (TrainguardError, OSError) as exc:  # the node is back; only the record is missing
             log.warning("node %s returned, but the return was not recorded: %s", node, exc)
     if args.json:

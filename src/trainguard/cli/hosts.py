@@ -11,6 +11,7 @@ from trainguard.errors import InputError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from trainguard.health.drain_history import HostDrains
+    from trainguard.health.fleetdb import FleetDB
     from trainguard.health.lemon import HostScore, LemonPolicy
 
 HELP = "rank hosts by how often they broke jobs (lemon-node score) from the fleet database"
@@ -18,7 +19,8 @@ HELP = "rank hosts by how often they broke jobs (lemon-node score) from the flee
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list, worst host first")
-    parser.add_argument("--db", type=Path, help="fleet database (default: $TRAINGUARD_DB or ~/.local/share/...)")
+    parser.add_argument("--db", help="fleet database: a SQLite file or a postgresql:// URL (default: $TRAINGUARD_DB "
+                                     "or ~/.local/share/trainguard/fleet.db)")
     parser.add_argument("--threshold", type=float, default=None, help="score at which a host is flagged (6)")
     parser.add_argument("--half-life-days", type=float, default=None, help="decay half-life in days (30; 0 = none)")
     parser.add_argument("--flagged", action="store_true", help="list only flagged hosts")
@@ -34,19 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import print_json
     from trainguard.health.drain_history import summarize as summarize_drains
-    from trainguard.health.fleetdb import FleetDB, default_db_path
     from trainguard.health.lemon import rank_hosts
 
-    path = args.db or default_db_path()
-    if not path.exists():
-        raise InputError(f"{path}: no fleet database (index runs first: trainguard index RUN_DIR)")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a fleet database")
+    where = _where(args.db)
     policy = _policy(args)
     if args.links:
-        return _links(path, args.json)
+        return _links(where, args.json)
     try:
-        with FleetDB(path) as db:
+        with _open(where) as db:
             scores = rank_hosts(db, policy=policy)
             drains = summarize_drains(db.drain_history(), redrain_window_seconds=args.redrain_window_days * 86400)
     except StorageError as exc:  # this verb only reads: a database it cannot open is bad input
@@ -67,6 +64,26 @@ def run(args: argparse.Namespace) -> int:
     if shown:
         _print_drains(shown, args.redrain_window_days)
     return 0
+
+
+def _where(given: str | None) -> str | Path:
+    """The database to read: a file that must exist, or a URL."""
+    from trainguard.health.fleetdb import resolve
+
+    where = resolve(given)
+    if isinstance(where, Path):
+        if not where.exists():
+            raise InputError(f"{where}: no fleet database (index runs first: trainguard index RUN_DIR)")
+        if where.is_dir():
+            raise InputError(f"{where}: is a directory, not a fleet database")
+    return where
+
+
+def _open(where: str | Path) -> FleetDB:
+    """The database, read-only on a server (this verb never writes; a file is opened as `index` does)."""
+    from trainguard.health.fleetdb import FleetDB
+
+    return FleetDB(where, read_only=isinstance(where, str))
 
 
 def _policy(args: argparse.Namespace) -> LemonPolicy:
@@ -116,13 +133,12 @@ def _print_drains(shown: list[HostDrains], window_days: float) -> None:
 
 
 
-def _links(path: Path, as_json: bool) -> int:
+def _links(where: str | Path, as_json: bool) -> int:
     from trainguard.cli.output import print_json, print_text
-    from trainguard.health.fleetdb import FleetDB
     from trainguard.health.link_history import FLAPPING_RUNS, summarize
 
     try:
-        with FleetDB(path) as db:
+        with _open(where) as db:
             links = summarize(db.link_history())
     except StorageError as exc:  # this verb only reads: a database it cannot open is bad input
         raise InputError(str(exc)) from None

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", metavar="RUN", nargs="+", help="run directories to index")
     parser.add_argument(
-        "--db", help="fleet database file (default: $TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db)"
+        "--db", help="fleet database: a SQLite file or a postgresql:// URL (default: $TRAINGUARD_DB or "
+        "~/.local/share/trainguard/fleet.db)"
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                 failed += 1
                 results.append({"run": path, "ok": False, "error": str(exc)})
                 print(f"trainguard index: warning: {path} not indexed: {exc}", file=sys.stderr)
-        summary = {"db": str(db.path), "runs": results, "total_events": db.event_count()}
+        summary = {"db": db.location, "runs": results, "total_events": db.event_count()}
     if args.json:
         print_json(summary)
     else:

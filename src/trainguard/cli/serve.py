@@ -34,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other needs a token)")
     parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free port)")
-    parser.add_argument("--db", metavar="FILE",
-                        help="also list the runs of this fleet database (default when no RUNS are given: "
-                             "$TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db, if it exists)")
+    parser.add_argument("--db", metavar="DB",
+                        help="also list the runs of this fleet database, a SQLite file or a postgresql:// URL "
+                             "(default when no RUNS are given: $TRAINGUARD_DB or ~/.local/share/trainguard/fleet.db, "
+                             "if it exists)")
     parser.add_argument("--token", default=None,
                         help=f"the token every request needs (default ${TOKEN_ENV}; on loopback without either, "
                              "one is generated and printed in the address); needed to listen on a non-loopback "
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     require("starlette", "uvicorn", "jinja2", "plotly", what="trainguard serve")
     import uvicorn
 
-    from trainguard.health.fleetdb import default_db_path
+    from trainguard.health.fleetdb import default_location
     from trainguard.web.app import COOKIE, create_app
     from trainguard.web.catalog import Catalog
 
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     db = args.db
     if not paths and db is None:  # the defaults: what a plain `trainguard serve` would be expected to show
         paths = ["runs"] if Path("runs").is_dir() else []
-        db = str(default_db_path()) if default_db_path().is_file() else None
+        default = default_location()
+        db = str(default) if isinstance(default, str) or default.is_file() else None
     catalog = Catalog(paths, db)
     catalog.check()
     sock = bind(args.host, args.port)

@@ -14,7 +14,6 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 INCIDENT_WINDOW_SECONDS = 300.0
@@ -154,12 +153,13 @@ def _reasons(counts: Counter[str], details: dict[str, Counter[str]], excess: int
 
 
 def rank_hosts(db: Any = None, *, policy: LemonPolicy | None = None, now: float | None = None) -> list[HostScore]:
-    """Score the hosts of a fleet database: a `FleetDB`, a path to one, or None for the default."""
+    """Score the hosts of a fleet database: a `FleetDB`, a path or ``postgresql://`` URL, or None for the
+    default."""
     from trainguard.health.fleetdb import FleetDB
 
     if isinstance(db, FleetDB):
         return score_hosts(db.host_history(), policy=policy, now=now)
-    with FleetDB(Path(db) if db is not None else None) as fleet:
+    with FleetDB(db) as fleet:
         return score_hosts(fleet.host_history(), policy=policy, now=now)
 
 

@@ -57,14 +57,14 @@ def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event
 
 
 def lemon_reasons(cfg: SupervisorConfig) -> list[str]:
-    from trainguard.health.fleetdb import FleetDB, default_db_path
+    from trainguard.health.fleetdb import FleetDB, is_url, resolve
     from trainguard.health.lemon import flagged_hosts
 
-    path = Path(cfg.fleet_db) if cfg.fleet_db else default_db_path()
-    if not path.exists():  # no fleet history yet; do not create a database as a side effect
+    where = resolve(cfg.fleet_db)
+    if isinstance(where, Path) and not where.exists():  # no fleet history yet; do not create a database
         return []
-    try:
-        with FleetDB(path) as db:
+    try:  # a server is opened read-only: one trainguard has not written yet is "no history" too
+        with FleetDB(where, read_only=is_url(where)) as db:
             flagged = flagged_hosts(db)
     except Exception as exc:  # a broken fleet database must not stop the job
         log.warning("lemon check skipped: %s", exc)

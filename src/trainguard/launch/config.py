@@ -14,6 +14,7 @@ from trainguard.core.numeric import in_range
 from trainguard.core.protocol import RunLayout
 from trainguard.errors import UsageError
 from trainguard.health.drain import DrainSettings
+from trainguard.health.fleetdb.location import check_url, is_url, redact
 from trainguard.launch.settings import Flag, check_bounds, setting
 from trainguard.launch.watchdog import WatchdogConfig
 from trainguard.sdc.verdict import DEFAULT_CHECK_EVERY, MAX_CHECK_EVERY
@@ -57,7 +58,11 @@ class SupervisorConfig:
         ("--no-health-checks",), "skip node health checks", negate=True))
     gpu_checks: bool = setting(True, section="health")
     """GPU health checks (they skip themselves where NVML or GPUs are absent)."""
-    fleet_db: str | None = setting(None, section="health")
+    fleet_db: str | None = setting(None, section="health", flag=Flag(
+        ("--fleet-db",), "fleet database the lemon check reads: a SQLite file or a postgresql:// URL (its password "
+        "from PGPASSWORD or ~/.pgpass, never on the command line; docs/fleetdb.md)", metavar="DB",
+        default_note="$TRAINGUARD_DB, else ~/.local/share/trainguard/fleet.db"))
+    """Where the fleet history is (None: ``$TRAINGUARD_DB`` or the default file)."""
     target_steps: int | None = setting(None, section="run")
     last_call_seconds: int = setting(2, section="nodes", bounds=(1, 86_400))  # as --rdzv-conf's other timeouts
     """How long the rendezvous waits for more nodes once ``min_nodes`` joined."""
@@ -206,6 +211,8 @@ class SupervisorConfig:
             if isinstance(v, Path):
                 out[k] = str(v)
         out["command"] = list(self.command)
+        if self.fleet_db:  # written into the run's records: never a password
+            out["fleet_db"] = redact(self.fleet_db)
         return out
 
 
@@ -270,6 +277,11 @@ def _check_optional(cfg: SupervisorConfig) -> None:
                              f"got {value!r}")
     if cfg.signals_to_handle is not None:
         parse_signals(cfg.signals_to_handle)
+    if cfg.fleet_db is not None and is_url(cfg.fleet_db):
+        try:
+            check_url(cfg.fleet_db)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
     if cfg.drain is not None and not isinstance(cfg.drain, DrainSettings):
         raise ValueError(f"drain must be None or a DrainSettings, got {type(cfg.drain).__name__}")
     if cfg.in_process and cfg.max_nodes > 1:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from trainguard.errors import InputError, TrainguardError
+from trainguard.errors import InputError, TrainguardError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,10 @@ def is_run_dir(path: Path) -> bool:
     return (path / "events").is_dir()
 
 
-def _db_paths(db: Path) -> list[Path]:
+def _db_paths(db: str | Path) -> list[Path]:
     """Run folders the fleet database knows, oldest first, read without writing anything."""
+    if isinstance(db, str):
+        return _server_paths(db)
     path = db.resolve()
     # A read-only connection to a WAL database still creates its -wal and -shm files. Without a -wal file
     # no writer is active, so the file is read as immutable, which creates nothing; with one, reading needs
@@ -71,12 +73,30 @@ def _db_paths(db: Path) -> list[Path]:
     return [Path(p) for (p,) in rows if isinstance(p, str)]
 
 
+def _server_paths(url: str) -> list[Path]:
+    """`_db_paths` of a fleet database on a PostgreSQL server, over a read-only session."""
+    from trainguard.health.fleetdb import FleetDB
+
+    try:
+        with FleetDB(url, read_only=True) as fleet:
+            return [Path(r.path) for r in fleet.runs()]
+    except (InputError, UsageError):
+        raise
+    except TrainguardError as exc:  # cannot reach or read the server: as an unreadable file
+        raise InputError(str(exc)) from None
+
+
 class Catalog:
     """The runs under the given paths and in the fleet database ``db``."""
 
     def __init__(self, paths: Sequence[str | Path], db: str | Path | None = None) -> None:
         self.paths = [Path(p) for p in paths]
-        self.db = Path(db) if db is not None else None
+        self.db: str | Path | None = None
+        """A file, or a ``postgresql://`` URL (kept as text: a path would fold its ``//``)."""
+        if db is not None:
+            from trainguard.health.fleetdb import resolve
+
+            self.db = resolve(db)
         self._by_id: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
 
@@ -86,7 +106,7 @@ class Catalog:
             if not p.is_dir():
                 raise InputError(f"{p}: no such directory (give run directories or folders of them)")
         if self.db is not None:
-            if not self.db.is_file():
+            if isinstance(self.db, Path) and not self.db.is_file():
                 raise InputError(f"{self.db}: no such fleet database (create it with trainguard index)")
             _db_paths(self.db)
 
