@@ -129,11 +129,13 @@ class Job:
         return False
 
     def rank_pid(self, host: Host) -> int | None:
-        for pid in self.net.pids(host):
-            with contextlib.suppress(psutil.Error):
-                if any(str(GPT) in part for part in psutil.Process(pid).cmdline()) and \
-                        "trainguard" not in " ".join(psutil.Process(pid).cmdline()[:3]):
-                    return pid
+        """The host's rank: the agent's child running the script (not the agent, whose command names it too)."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.agents[host.name].pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    argv = child.cmdline()
+                    if str(GPT) in argv and "trainguard" not in argv[1:3]:
+                        return int(child.pid)
         return None
 
     def evidence_bytes(self) -> int:
@@ -201,9 +203,10 @@ def _fire(job: Job, fault: str) -> tuple[float, list[Host]]:
         if fault == "crash-slow-host":
             net.starve_cpu(job.alive[-1], percent=10)
         pid = job.rank_pid(job.alive[1])
+        if pid is None:
+            raise RuntimeError(f"no rank process found on {job.alive[1].name}")
         t = time.time()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         return t, list(job.alive)
     victim = job.alive.pop()
     t = time.time()

@@ -237,7 +237,7 @@ def test_a_rank_at_work_while_the_others_wait_gets_the_busy_allowance() -> None:
 
 
 def test_a_script_rank_at_work_gets_the_busy_allowance_a_stopped_one_the_timeout() -> None:
-    w = watchdog(floor_seconds=1.0, busy_allowance_seconds=4.0, warmup_samples=0)
+    w = watchdog(floor_seconds=1.0, busy_allowance_seconds=4.0, warmup_samples=0, alive_stale_seconds=1.5)
     for i in range(1, 6):
         w.check({0: script(i, i * 0.1, dur=0.1)}, now=i * 0.1)
     working = Heartbeat(step=5, steps_done=5, progress_mono=0.5, duration_seconds=0.1, phase="eval",

@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 
 
 STORE_CONFIRM_SECONDS = 3.0
-"""How long a hang or lost-peer verdict waits for the store to answer a fresh read (milliseconds when it is up)."""
+"""How long a hang verdict waits for the store to answer a fresh read (milliseconds when it is up)."""
 STORE_SILENCE_FLOOR_SECONDS = 30.0
 """A node counts itself cut off after max(this, 3 x --node-lost-timeout) without an answer from the store: well
 after the other nodes have let it go (--node-lost-timeout, torch's keep-alive 3 x 5 s), never on a busy store."""
@@ -219,9 +219,11 @@ class GuardAgent(ElasticAgentBase):
         self._health_gate()
         self.signals.check()  # health checks guard themselves with `except Exception`
         first = self.attempt == 0
+        if self.store_link is not None:
+            self.store_link.pause()
         self.torch_rendezvous(worker_group)
         if self.store_link is not None:
-            self.store_link.touch()
+            self.store_link.resume()
             self.store_link.start()
         if first:  # a spare joining a running job continues the job's attempt numbers
             self.ledger.joined(admission.attempts_ended(self.layout))
@@ -371,15 +373,13 @@ class GuardAgent(ElasticAgentBase):
                 self.ledger.decide(done)  # a fallback gives the in-process try's restart back
                 if not done.recovered:
                     return self.inprocess.fall_back(self, done.why)
-        if not self._check_store_link():
-            # The store is quiet: what looks like a hang may be this node's link, and every decision below reads
-            # or writes the store. Wait for it to answer again, or for the silence to end the run.
-            return result
-        self.store_watch.poll()  # every few seconds: a key count, warned once when past a job's needs
+        link_fresh = self._check_store_link()  # quiet: no store reads below (they would hang on a cut link)
+        if link_fresh:
+            self.store_watch.poll()  # every few seconds: a key count, warned once when past a job's needs
         mono = time.monotonic()
         beats = self._read_beats(wg)
         lost = self._node_watch(wg, beats, mono)
-        if lost and self._store_answers():
+        if lost:  # not made to wait on the store: with c10d the lost peer may be the store's host
             return self._on_node_lost(wg, lost, time.time())
         finished = self._finished(wg)
         verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
@@ -387,12 +387,14 @@ class GuardAgent(ElasticAgentBase):
             return self._on_hang(wg, verdict, time.time(), mono)
         self._last_alive_mono = mono
         self._fill_spares(beats, mono)
+        if not link_fresh:
+            return result
         leave = self.watch.poll(lambda: live_ranks(wg, set()), self.leader)
         return result if leave is None else self._leave_for_spare(leave)
 
     def _store_answers(self) -> bool:
-        """Before acting on a hang or a lost peer: the store answers now (else this node's own link is the likely
-        cause, the next rounds wait, and a long silence ends the run: `_check_store_link`)."""
+        """Before acting on a hang: the store answers now (else this node's own link is the likely cause, the next
+        rounds wait, and a long silence ends the run: `_check_store_link`)."""
         return self.store_link is None or self.store_link.confirm(STORE_CONFIRM_SECONDS)
 
     def _check_store_link(self) -> bool:

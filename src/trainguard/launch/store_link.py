@@ -47,6 +47,12 @@ class StoreLink:
         self._thread: threading.Thread | None = None
         self._readers: dict[str, Callable[[], Any]] = {}
         self._wake = threading.Event()
+        self._probe = threading.Lock()
+        """Held for each read: torch's state holder is not safe to sync from two threads, so a rendezvous
+        round (`pause`) waits for a read in flight and none starts until `resume`."""
+        self._paused = False
+        self._error: Exception | None = None
+        """The last read's failure, until a read succeeds: torch's loop gets it as its own read would have."""
         self._answered = threading.Condition()
         self._last_ok_sent = self._last_ok
         """When the last answered read was sent: `confirm` wants one sent after it was asked."""
@@ -82,12 +88,29 @@ class StoreLink:
         with self._answered:
             return self._answered.wait_for(lambda: self._last_ok_sent >= asked, timeout_seconds)
 
+    def pause(self) -> None:
+        """No reads from now on (a rendezvous round runs torch's own on the main thread)."""
+        with self._probe:
+            self._paused = True
+            self._waiting = 0  # read before the round: the nodes it counted are in the job now, or gone
+
+    def resume(self) -> None:
+        """Reads again; the round that just completed counts as the store's answer."""
+        with self._probe:
+            self._paused = False
+            self._waiting = 0
+            self._error = None
+            self._last_ok = time.monotonic()
+
     def touch(self) -> None:
         """The store just answered (a rendezvous round completed)."""
         self._last_ok = time.monotonic()
 
     def num_nodes_waiting(self) -> int:
-        """torch's count of nodes waiting to join, as last read (never blocks the monitor loop)."""
+        """torch's count of nodes waiting to join, as last read (never blocks the monitor loop); the last read's
+        error when it failed (a store that refuses connections ends the run at once, as torch's own read did)."""
+        if self._error is not None:
+            raise self._error
         return self._waiting
 
     def add_reader(self, name: str, read: Callable[[], Any]) -> None:
@@ -121,17 +144,22 @@ class StoreLink:
             if self._stop.is_set():
                 return
             sent = time.monotonic()
-            try:
-                self._waiting = sync_waiting(self.handler)
-            except Exception as exc:  # unreachable, timed out, closed: the silence says it
-                self._failures += 1
-                if self._failures == 1:
-                    log.warning("rendezvous store at %s did not answer: %s", self.endpoint, exc)
-                continue
+            with self._probe:
+                if self._paused:
+                    continue
+                try:
+                    self._waiting = sync_waiting(self.handler)
+                except Exception as exc:  # unreachable, timed out, closed: the silence says it
+                    self._error = exc
+                    self._failures += 1
+                    if self._failures == 1:
+                        log.warning("rendezvous store at %s did not answer: %s", self.endpoint, exc)
+                    continue
             if self._failures:
                 log.warning("rendezvous store at %s answers again after %d failed reads", self.endpoint,
                             self._failures)
             self._failures = 0
+            self._error = None
             with self._answered:
                 self._last_ok = time.monotonic()
                 self._last_ok_sent = sent

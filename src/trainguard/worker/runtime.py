@@ -33,7 +33,7 @@ from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read
 
 log = logging.getLogger(__name__)
 
-TICK_SECONDS = 0.25
+TICK_SECONDS = 1.0
 """How often the background thread refreshes the heartbeat and polls the flight recorder."""
 
 _ALL: weakref.WeakSet[Runtime] = weakref.WeakSet()
