@@ -102,7 +102,9 @@ def test_demo_rank_slow_from_the_first_step_is_named_afterwards(slow_from_the_st
     doc = _stragglers(slow_from_the_start)
     assert [s["rank"] for s in doc["stragglers"]] == [2], doc["stragglers"]
     s = doc["stragglers"][0]
-    assert s["signal"] == "phases" and s["onset_step"] <= 3 and s["slowdown"] > 1
+    # Slow from step 1: the onset falls in the first window of 8 steps (where in it depends on the host's noise;
+    # a fresh-clone CI run at load put it at step 5).
+    assert s["signal"] == "phases" and s["onset_step"] <= 8 and s["slowdown"] > 1
 
 
 @pytest.mark.slow
