@@ -114,16 +114,26 @@ def test_the_loop_resumed_at_its_checkpoint_and_lost_the_steps_after_it(run: Run
     assert sorted({t["step"] for t in run.timings if t["what"] == "load"}) == [20]
 
 
+def _slack(run: Run, what: str) -> float:
+    """What a script's own timing may hold beyond the calls observed: around each save or load it also makes the
+    directory, renames the file, moves tensors into the model; system calls a loaded host can delay by several ms
+    each (a CI run at load: 3 saves of ~65 ms timed 21 ms more than their calls). 10 ms per step saved or loaded
+    (the ranks of one step save at once: their spans overlap)."""
+    return 0.01 * len({t["step"] for t in run.timings if t["what"] == what})
+
+
 def test_save_stalls_are_the_times_the_script_measured(run: Run) -> None:
     measured = _script_seconds(run, "save")
     assert measured > 0
-    assert run.report["badput_seconds"]["checkpoint_save"] == pytest.approx(measured, rel=0.10)
+    assert run.report["badput_seconds"]["checkpoint_save"] == pytest.approx(measured, rel=0.10,
+                                                                           abs=_slack(run, "save"))
 
 
 def test_the_restore_is_the_time_the_script_measured(run: Run) -> None:
     measured = _script_seconds(run, "load")
     assert measured > 0
-    assert run.report["badput_seconds"]["checkpoint_restore"] == pytest.approx(measured, rel=0.10)
+    assert run.report["badput_seconds"]["checkpoint_restore"] == pytest.approx(measured, rel=0.10,
+                                                                              abs=_slack(run, "load"))
 
 
 def test_each_save_and_restore_is_recorded_once_and_the_export_not_at_all(run: Run) -> None:

@@ -7,7 +7,7 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 
-from trainguard.stragglers.analysis import StepSample, Straggler, StragglerConfig, _median, _pooled_sigma
+from trainguard.stragglers.analysis import _MAD_TO_SIGMA, StepSample, Straggler, StragglerConfig, _median
 
 
 def detect_steady(attempt: int, rows: Sequence[StepSample], lead: Sequence[Mapping[int, tuple[float, float]]],
@@ -15,17 +15,17 @@ def detect_steady(attempt: int, rows: Sequence[StepSample], lead: Sequence[Mappi
                   tail: Sequence[StepSample] = ()) -> list[Straggler]:
     """Ranks slower than their peers' median over all of ``rows`` (which must begin at the attempt's start).
 
-    A rank is named when, over every row and over some prefix of at least ``steady_windows`` windows (the first
-    such prefix gives ``detected_step``): its median lead is at least a ``steady_min_slowdown`` share of the step;
-    its median share was late (``min_slowdown``) in each of the first ``steady_windows`` windows and in
-    ``late_fraction`` of all windows; and its median lead stands out of the step-to-step noise as in the onset
+    A rank is named when, over some prefix of at least ``steady_windows`` windows (the first such prefix gives
+    ``detected_step``): its median lead is at least a ``steady_min_slowdown`` share of the step; its median share
+    was late (``min_slowdown``) in each of the first ``steady_windows`` windows and in ``late_fraction`` of the
+    prefix's windows; and its median lead stands out of the step-to-step noise as in the onset
     rule. A rank that slows down later fails the first windows and is left to the onset rule."""
     n = len(rows)
     w = cfg.window_steps
     if n < cfg.steady_windows * w:
         return []
     ranks = sorted(set().union(*(s.own for s in rows)))
-    sigma = _pooled_sigma(ranks, [dict(x) for x in lead], range(n))
+    noise = _PrefixNoise(ranks, lead)
     out: list[Straggler] = []
     for r in ranks:
         if any(r not in lead[k] for k in range(n)):
@@ -33,9 +33,9 @@ def detect_steady(attempt: int, rows: Sequence[StepSample], lead: Sequence[Mappi
         leads = [lead[k][r][0] for k in range(n)]
         shares = [leads[k] / rows[k].step_seconds if rows[k].step_seconds > 0 else 0.0 for k in range(n)]
         late_windows = [_median(shares[j:j + w]) > 1.0 - 1.0 / cfg.min_slowdown for j in range(0, n - w + 1, w)]
-        if not _holds(shares, leads, late_windows, n, sigma, cfg):
+        named = _first_prefix(shares, leads, late_windows, noise, cfg)
+        if named is None:
             continue
-        named = _first_prefix(shares, leads, late_windows, sigma, cfg)
         # The stretch lasts until two windows in a row are not late (one may be noise), else to the last row.
         end = n - 1
         for j in range(cfg.steady_windows, len(late_windows) - 1):
@@ -46,21 +46,40 @@ def detect_steady(attempt: int, rows: Sequence[StepSample], lead: Sequence[Mappi
     return out
 
 
-def _holds(shares: Sequence[float], leads: Sequence[float], late_windows: Sequence[bool], n: int, sigma: float,
-           cfg: StragglerConfig) -> bool:
-    """The rule over the first ``n`` rows (``late_windows`` counted over the complete windows among them)."""
-    windows = n // cfg.window_steps
-    if windows < cfg.steady_windows:
-        return False
-    return (all(late_windows[:cfg.steady_windows]) and sum(late_windows[:windows]) >= cfg.late_fraction * windows
-            and _median(shares[:n]) > 1.0 - 1.0 / cfg.steady_min_slowdown
-            and _median(leads[:n]) > cfg.steady_noise_sigmas * 1.2533 * sigma / math.sqrt(n))
+class _PrefixNoise:
+    """The pooled noise of the leads over the first ``m`` rows, for any ``m``: what `_pooled_sigma` gives over
+    ``range(m)``, kept up incrementally (per rank a sorted list of successive differences) and only as far as asked.
+    Each prefix is judged with its own noise, as the live watch judged it when it had only those rows: the whole
+    run's noise would make a prefix pass that never passed live."""
+
+    def __init__(self, ranks: Sequence[int], lead: Sequence[Mapping[int, tuple[float, float]]]) -> None:
+        self._ranks = list(ranks)
+        self._lead = lead
+        self._diffs: dict[int, list[float]] = {r: [] for r in ranks}
+        self._last: dict[int, float] = {}
+        self._sigmas: list[float] = []  # [m - 1]: over the first m rows
+
+    def sigma(self, m: int) -> float:
+        while len(self._sigmas) < m:
+            row = self._lead[len(self._sigmas)]
+            for r in self._ranks:
+                if r in row:
+                    x = row[r][0]
+                    if r in self._last:
+                        bisect.insort(self._diffs[r], abs(x - self._last[r]))
+                    self._last[r] = x
+            # >= 2 differences is >= 3 values, as in _pooled_sigma
+            per_rank = [_MAD_TO_SIGMA * _sorted_median(d) / math.sqrt(2) for d in self._diffs.values() if len(d) >= 2]
+            self._sigmas.append(_median(per_rank))
+        return self._sigmas[m - 1]
 
 
-def _first_prefix(shares: Sequence[float], leads: Sequence[float], late_windows: Sequence[bool], sigma: float,
-                  cfg: StragglerConfig) -> int:
-    """Index of the last row of the shortest prefix over which the rule holds (the whole holds, so one does).
-    Sorted prefixes grow by insertion: one pass, not a median per prefix from scratch."""
+def _first_prefix(shares: Sequence[float], leads: Sequence[float], late_windows: Sequence[bool], noise: _PrefixNoise,
+                  cfg: StragglerConfig) -> int | None:
+    """Index of the last row of the shortest prefix (of at least ``steady_windows`` windows) over which the rule
+    holds, or None. Any prefix, not only the whole: the live watch names a rank as soon as a prefix holds, and a
+    loaded host's later windows must not take back afterwards what was seen while it ran. Sorted prefixes grow by
+    insertion: one pass, not a median per prefix from scratch."""
     first = cfg.steady_windows * cfg.window_steps
     sorted_shares = sorted(shares[:first - 1])
     sorted_leads = sorted(leads[:first - 1])
@@ -72,9 +91,9 @@ def _first_prefix(shares: Sequence[float], leads: Sequence[float], late_windows:
         windows = m // cfg.window_steps
         if (all(late_windows[:cfg.steady_windows]) and sum(late_windows[:windows]) >= cfg.late_fraction * windows
                 and _sorted_median(sorted_shares) > share_bar
-                and _sorted_median(sorted_leads) > cfg.steady_noise_sigmas * 1.2533 * sigma / math.sqrt(m)):
+                and _sorted_median(sorted_leads) > cfg.steady_noise_sigmas * 1.2533 * noise.sigma(m) / math.sqrt(m)):
             return i
-    return len(shares) - 1
+    return None
 
 
 def _sorted_median(v: Sequence[float]) -> float:
