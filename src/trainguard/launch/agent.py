@@ -42,6 +42,7 @@ from trainguard.core.safefs import make_dirs
 from trainguard.launch import admission, attempts, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.attempts import Attempts
+from trainguard.launch.numbering import JobNumbering
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.failures import (
     FailureRecorder,
@@ -99,6 +100,8 @@ class GuardAgent(ElasticAgentBase):
         self.layout = cfg.layout
         self.ledger = Attempts(cfg.max_restarts, cfg.max_no_progress_attempts, in_process=cfg.in_process)
         """The attempt number, the restart budget and every decision after a failure (`trainguard.launch.attempts`)."""
+        self.numbering = JobNumbering(cfg.run_id)
+        """The attempt number from the rendezvous round (`trainguard.launch.numbering`)."""
         self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
         """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""
         super().__init__(spec, logs_specs=self.run_logs, exit_barrier_timeout=120,
@@ -222,10 +225,14 @@ class GuardAgent(ElasticAgentBase):
         if self.store_link is not None:
             self.store_link.pause()
         self.torch_rendezvous(worker_group)
+        # Read while the store link is paused: the handler's store is this thread's until it resumes.
+        job_attempt = self.numbering.after_rendezvous(worker_group.spec.rdzv_handler)
         if self.store_link is not None:
             self.store_link.resume()
             self.store_link.start()
-        if first:  # a spare joining a running job continues the job's attempt numbers
+        if job_attempt is not None:
+            self.ledger.numbered(job_attempt)
+        elif first:  # no shared round: a spare joining a running job continues from the run dir's records
             self.ledger.joined(admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
         self.leader = worker_group.group_rank == 0

@@ -187,6 +187,12 @@ class Attempts:
         self.number += 1
         return self.number
 
+    def numbered(self, job_attempt: int) -> int:
+        """After a rendezvous: the job-wide number of the round joined (`trainguard.launch.numbering`). Never below
+        the local count: an in-process restart of a one-node job counts without a round."""
+        self.number = max(self.number, job_attempt)
+        return self.number
+
     def joined(self, attempts_ended: int) -> int:
         """After the first rendezvous: a spare joining a running job continues the job's attempt numbers."""
         self.number = max(self.number, attempts_ended)

@@ -1,4 +1,5 @@
-"""The c10d rendezvous handler's private parts: leaving a round now, and counting the spares that wait.
+"""The c10d rendezvous handler's private parts: leaving a round now, counting the spares that wait, and reading the
+round number that gives the job its attempt numbers (`trainguard.launch.numbering`).
 
 torch has no public "leave" (``shutdown()`` closes the rendezvous for every node) and no public count of
 spares: ``num_nodes_waiting()`` counts only the wait list, which a node enters when the job is below its
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -68,3 +70,32 @@ def sync_waiting(handler: Any) -> int:
     with handler._heartbeat_lock:
         holder.sync()
         return len(holder.state.wait_list)
+
+
+def round_of(handler: Any) -> int | None:
+    """The rendezvous round this node has just joined (job-wide: every node of the round reads the same number from
+    the store), or None for a handler without rounds (static, the etcd v1 handler)."""
+    holder = getattr(handler, "_state_holder", None)
+    state = getattr(holder, "state", None)
+    value = getattr(state, "round", None)
+    return value if isinstance(value, int) else None
+
+
+def first_round(handler: Any, run_id: str, joined: int, timeout_seconds: float = 60.0) -> int | None:
+    """The job's first round, agreed through the rendezvous store: the first node to ask records the round it
+    joined (``joined``), every later one (a spare joining a running job too) reads that. ``add`` decides who is first
+    (every store has it; the etcd store has no compare-and-set). None when the store cannot be used."""
+    store = getattr(handler, "_store", None)
+    if store is None:
+        return None
+    key = f"trainguard/{run_id}/first_round"
+    try:
+        if store.add(f"{key}/claims", 1) == 1:
+            store.set(key, str(joined))
+            return joined
+        # The claimer sets the key right after its add: wait for it, not forever.
+        store.wait([key], timedelta(seconds=timeout_seconds))
+        return int(store.get(key))
+    except Exception as exc:  # a store that answers nothing or garbage: the agent keeps its own count
+        log.warning("cannot agree on the job's first rendezvous round (%s); counting attempts locally", exc)
+        return None
