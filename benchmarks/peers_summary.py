@@ -34,9 +34,10 @@ def crash_gap(lines: Iterable[Mapping[str, Any]], fault_rank: int, fault_step: i
               continuing_ranks: Sequence[int] = ()) -> CrashGap:
     """Fault -> first new step from step-log lines ``{restart, rank, step, time}``.
 
-    A rank in ``continuing_ranks`` keeps its process through the fault, so any step it logs after the fault
-    counts; every other rank counts only steps of a restarted process (``restart >= 1``), so a step the old
-    process squeezed in before being stopped is not taken for recovery.
+    A rank in ``continuing_ranks`` keeps its process through the fault, so a step after the fault step that it
+    logs counts (the fault step itself may end on it just after the crashed rank logged it: not recovery);
+    every other rank counts only steps of a restarted process (``restart >= 1``), so a step the old process
+    squeezed in before being stopped is not taken for recovery.
     """
     rows = list(lines)
     faults = [r["time"] for r in rows if r["rank"] == fault_rank and r["restart"] == 0 and r["step"] == fault_step]
@@ -45,7 +46,10 @@ def crash_gap(lines: Iterable[Mapping[str, Any]], fault_rank: int, fault_step: i
     fault = min(faults)
     firsts: dict[int, float] = {}
     for r in rows:
-        if r["time"] <= fault or (r["rank"] not in continuing_ranks and r["restart"] < 1):
+        if r["rank"] in continuing_ranks:
+            if r["time"] <= fault or r["step"] <= fault_step:
+                continue
+        elif r["time"] <= fault or r["restart"] < 1:
             continue
         firsts[r["rank"]] = min(firsts.get(r["rank"], r["time"]), r["time"])
     ranks = {r["rank"] for r in rows}

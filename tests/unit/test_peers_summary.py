@@ -24,7 +24,8 @@ def test_a_full_restart_counts_only_steps_of_the_new_processes() -> None:
 
 
 def test_a_continuing_rank_counts_its_own_steps_and_its_stall_is_given() -> None:
-    lines = [_line(0, 5, 10.0), _line(1, 5, 10.0), _line(0, 6, 15.0), _line(1, 6, 16.0, restart=1)]
+    lines = [_line(1, 5, 10.0), _line(0, 5, 10.01),  # the survivor ends the fault step just after: not recovery
+             _line(0, 6, 15.0), _line(1, 6, 16.0, restart=1)]
     gap = crash_gap(lines, fault_rank=1, fault_step=5, continuing_ranks=(0,))
     assert gap.first_new_step_seconds == pytest.approx(6.0)
     assert gap.survivor_stall_seconds == pytest.approx(5.0)
