@@ -340,7 +340,8 @@ def main() -> int:
     summary = summarise(rows)
     labels = {k: v.format(**versions) for k, v in LABELS.items()}
     doc = {"benchmark": "trainguard beside torchrun, NVRx ft_launcher and torchft: crash recovery and hang detection",
-           "command": " ".join([sys.executable, *sys.argv]), "niceness": os.nice(0), "versions": versions, "reps": args.reps, "ranks": 2,
+           "command": " ".join([sys.executable, *sys.argv]), "niceness": os.nice(0),
+           "versions": versions, "reps": args.reps, "ranks": 2,
            "mid_step": args.mid_step, "hang_step": args.hang_step, "hang_cap_seconds": args.hang_cap,
            "uptime_start": started, "uptime_end": _uptime(), "wall_seconds": round(time.time() - t0, 1),
            "summary": summary, "table_markdown": table(summary, labels, args.hang_cap), "runs": rows}
