@@ -111,6 +111,12 @@ def _failure(run_dir: Path) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+def culprit_right(run_dir: Path, failure: dict[str, Any], rank: int) -> bool:
+    """The failure names ``rank`` alone, and so does the first diagnosis."""
+    diagnosis = [e for e in _events(run_dir, "agent-") if e["type"] == "diagnosis"]
+    return bool(failure["ranks"] == [rank] and diagnosis and diagnosis[0]["culprit_ranks"] == [rank])
+
+
 def detection_run(run_dir: Path, args: argparse.Namespace, options: list[str], chaos: bool) -> dict[str, Any]:
     script_args = ["--steps", "100000", "--ckpt-dir", str(run_dir.parent / f"{run_dir.name}-ckpt")]
     inject = ["--inject", f"hang@step={args.stop_step},rank=1"] if chaos else []
@@ -134,11 +140,10 @@ def detection_run(run_dir: Path, args: argparse.Namespace, options: list[str], c
     finally:
         proc.terminate()
         _end(proc, pid)
-    diagnosis = [e for e in _events(run_dir, "agent-") if e["type"] == "diagnosis"]
     return {"fault_to_detection_seconds": round(failure["time"] - fault, 3),
             "reported_latency_seconds": round(failure["detection_latency_seconds"], 3),
             "latency_from": failure.get("latency_from", ""),
-            "culprit_right": failure["ranks"] == [1] and bool(diagnosis) and diagnosis[0]["culprit_ranks"] == [1],
+            "culprit_right": culprit_right(run_dir, failure, 1),
             "detail": failure["detail"][:240]}
 
 
