@@ -20,11 +20,13 @@ from trainguard.classify.rules import BUILTIN_RULES, Rule, RuleSet, load_rules
 from trainguard.classify.scan import Accumulator, Scanner
 from trainguard.classify.sources import (
     DEFAULT_MAX_BYTES,
+    JSON_MAX_BYTES,
     check_file,
     scan_dir,
     scan_file,
     scan_stream_checked,
 )
+from trainguard.classify.structured import as_structured
 from trainguard.classify.tiers import TIERS
 from trainguard.classify.topology import Topology, load_topology
 from trainguard.classify.xid import is_hardware_xid, xid_code
@@ -82,7 +84,9 @@ def classify_text(text: str, source: str, *, verdict: str | None = None, rules: 
     localization name a leaf switch or cable (`load_topology`)."""
     scanner = _scanner(rules)
     acc = Accumulator(files=1)
-    scanner.scan_stream(io.BytesIO(text.encode("utf-8", "replace")), source, acc)
+    # a JSON document or a CSV table is read as data (one line per record), a log as lines
+    data = as_structured(text) if len(text) <= JSON_MAX_BYTES else None
+    scanner.scan_stream(io.BytesIO((data if data is not None else text).encode("utf-8", "replace")), source, acc)
     return _decide(source, acc, scanner.rules, verdict, topology)
 
 

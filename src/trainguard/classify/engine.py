@@ -8,6 +8,7 @@ from typing import Any
 
 from trainguard.classify.context import is_below
 from trainguard.classify.derive import derive
+from trainguard.classify.killed import killed_summary
 from trainguard.classify.linkverdict import LinkReport
 from trainguard.classify.rules import Explains, RuleSet
 from trainguard.classify.scan import Accumulator, Hit
@@ -266,7 +267,9 @@ def decide(source: str, acc: Accumulator, rules: RuleSet, verdict: str | None = 
     notes = [win.explain]
     if win.category == UNKNOWN:
         confidence = min(confidence, 0.2)
-        notes = ["no rule names a cause; best partial evidence: " + win.explain]
+        killed = killed_summary(win.hits)
+        # a process killed from outside, with nothing else in its logs, is said as such in one line
+        notes = [killed] if killed else ["no rule names a cause; best partial evidence: " + win.explain]
     elif any(c.tier == win.tier and c.confidence >= strong for c in rivals) and win.confidence >= strong:
         confidence *= AMBIGUITY_FACTOR
         notes.append("other strong signals of the same kind are present (see alternatives)")

@@ -9,15 +9,15 @@ from __future__ import annotations
 import fcntl
 import gzip
 import io
-import json
 import logging
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from trainguard.classify.scan import Accumulator, Readable, Scanner
+from trainguard.classify.structured import as_structured, is_table_header
 from trainguard.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -105,31 +105,19 @@ def check_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return head
 
 
-def _json_text(value: Any, out: list[str]) -> None:
-    """Every string of a JSON document, in document order, tracebacks first for torchelastic files."""
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for k in sorted(value, key=lambda k: k != "py_callstack"):
-            _json_text(value[k], out)
-    elif isinstance(value, list):
-        for v in value:
-            _json_text(v, out)
-
-
-def _json_lines(path: Path, head: bytes) -> str | None:
-    """The decoded text of a JSON file (e.g. a torchelastic error.json), or None for other files."""
-    if path.suffix != ".json" or path.stat().st_size > JSON_MAX_BYTES or head.lstrip()[:1] not in (b"{", b"["):
+def _structured(path: Path, head: bytes) -> str | None:
+    """The text to scan of a JSON document (a torchelastic error.json, a telemetry export) or a CSV table, or None
+    for a log (read as lines). Decided by the content, so a document named ``.log`` or ``.txt`` is read as data."""
+    first = head.lstrip()[:1]
+    table = path.suffix in (".csv", ".tsv") or is_table_header(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
+    if path.stat().st_size > JSON_MAX_BYTES or not (first in (b"{", b"[") or table):
         return None
     try:
         with open_regular(path) as f:
             data = f.read(JSON_MAX_BYTES + 1)
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError, OSError):
+        return as_structured(data.decode("utf-8"))
+    except (UnicodeDecodeError, OSError):
         return None
-    parts: list[str] = []
-    _json_text(doc, parts)
-    return "\n".join(parts)
 
 
 def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -137,7 +125,7 @@ def scan_file(scanner: Scanner, path: Path, acc: Accumulator, max_bytes: int = D
     head = check_file(path, max_bytes)
     label = str(path)
     acc.files += 1
-    text = _json_lines(path, head)
+    text = _structured(path, head)
     if text is not None:
         scanner.scan_stream(io.BytesIO(text.encode()), label, acc)
         return
