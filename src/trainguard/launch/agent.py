@@ -42,7 +42,6 @@ from trainguard.core.safefs import make_dirs
 from trainguard.launch import admission, attempts, blame, evidence, nodes
 from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.attempts import Attempts
-from trainguard.launch.numbering import JobNumbering
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.failures import (
     FailureRecorder,
@@ -58,6 +57,7 @@ from trainguard.launch.hang_latency import hang_latency
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.lifetime import ProcessTracker
 from trainguard.launch.logs import RunDirLogs
+from trainguard.launch.numbering import JobNumbering
 from trainguard.launch.policy import AttemptOutcome
 from trainguard.launch.signals import StopSignals
 from trainguard.launch.stop import stop_processes
