@@ -28,6 +28,14 @@ def test_agents_of_one_round_agree_and_a_late_node_takes_the_round_it_joined() -
     assert JobNumbering("job").after_rendezvous(_handler(store, 7)) == 3
 
 
+def test_a_job_requeued_into_the_same_run_dir_goes_on_from_its_attempts() -> None:
+    store = dist.HashStore()  # the requeued job's fresh store: its rounds start at 0 again
+    first, other = JobNumbering("job", lambda: 3), JobNumbering("job", lambda: 99)
+    assert first.after_rendezvous(_handler(store, 0)) == 3
+    assert other.after_rendezvous(_handler(store, 0)) == 3  # the first node's count holds for every node
+    assert other.after_rendezvous(_handler(store, 1)) == 4
+
+
 def test_the_ledger_takes_the_round_and_a_late_node_skips_the_round_it_missed() -> None:
     store = dist.HashStore()
     on_time, late = Attempts(3, 3), Attempts(3, 3)

@@ -100,7 +100,7 @@ class GuardAgent(ElasticAgentBase):
         self.layout = cfg.layout
         self.ledger = Attempts(cfg.max_restarts, cfg.max_no_progress_attempts, in_process=cfg.in_process)
         """The attempt number, the restart budget and every decision after a failure (`trainguard.launch.attempts`)."""
-        self.numbering = JobNumbering(cfg.run_id)
+        self.numbering = JobNumbering(cfg.run_id, lambda: admission.attempts_ended(self.layout))
         """The attempt number from the rendezvous round (`trainguard.launch.numbering`)."""
         self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
         """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""

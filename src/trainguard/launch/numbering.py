@@ -11,6 +11,7 @@ never sees it. Handlers without rounds (static, etcd v1) keep the local count.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.torch_api import rendezvous
@@ -21,9 +22,11 @@ log = logging.getLogger(__name__)
 class JobNumbering:
     """The job-wide attempt number of each round this agent joins."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, attempts_before: Callable[[], int] = lambda: 0) -> None:
         self.run_id = run_id
-        self._first: int | None = None
+        self.attempts_before = attempts_before
+        """Attempts the run dir already holds (a requeued job continues its numbers): asked of the first node only."""
+        self._first: tuple[int, int] | None = None
         self._unavailable = False
 
     def after_rendezvous(self, handler: Any) -> int | None:
@@ -36,11 +39,12 @@ class JobNumbering:
             self._unavailable = True
             return None
         if self._first is None:
-            self._first = rendezvous.first_round(handler, self.run_id, joined)
+            self._first = rendezvous.first_round(handler, self.run_id, joined, self.attempts_before())
             if self._first is None:
                 self._unavailable = True
                 return None
-        if joined < self._first:  # cannot happen with one store; never number below the job's start
-            log.warning("rendezvous round %d is before the job's first round %d", joined, self._first)
+        first_round, first_attempt = self._first
+        if joined < first_round:  # cannot happen with one store; never number below the job's start
+            log.warning("rendezvous round %d is before the job's first round %d", joined, first_round)
             return None
-        return joined - self._first
+        return first_attempt + joined - first_round

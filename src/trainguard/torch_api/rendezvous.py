@@ -81,9 +81,11 @@ def round_of(handler: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def first_round(handler: Any, run_id: str, joined: int, timeout_seconds: float = 60.0) -> int | None:
-    """The job's first round, agreed through the rendezvous store: the first node to ask records the round it
-    joined (``joined``), every later one (a spare joining a running job too) reads that. ``add`` decides who is first
+def first_round(handler: Any, run_id: str, joined: int, first_attempt: int,
+                timeout_seconds: float = 60.0) -> tuple[int, int] | None:
+    """The job's first round and the attempt number it has, agreed through the rendezvous store: the first node to
+    ask records the round it joined (``joined``) and ``first_attempt`` (a job requeued into the same run dir goes on
+    from the attempts already there), every later one (a spare joining a running job too) reads that. ``add`` decides who is first
     (every store has it; the etcd store has no compare-and-set). None when the store cannot be used."""
     store = getattr(handler, "_store", None)
     if store is None:
@@ -91,11 +93,12 @@ def first_round(handler: Any, run_id: str, joined: int, timeout_seconds: float =
     key = f"trainguard/{run_id}/first_round"
     try:
         if store.add(f"{key}/claims", 1) == 1:
-            store.set(key, str(joined))
-            return joined
+            store.set(key, f"{joined} {first_attempt}")
+            return joined, first_attempt
         # The claimer sets the key right after its add: wait for it, not forever.
         store.wait([key], timedelta(seconds=timeout_seconds))
-        return int(store.get(key))
+        round_text, attempt_text = store.get(key).decode().split()
+        return int(round_text), int(attempt_text)
     except Exception as exc:  # a store that answers nothing or garbage: the agent keeps its own count
         log.warning("cannot agree on the job's first rendezvous round (%s); counting attempts locally", exc)
         return None
