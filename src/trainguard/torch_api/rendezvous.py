@@ -85,8 +85,9 @@ def first_round(handler: Any, run_id: str, joined: int, first_attempt: int,
                 timeout_seconds: float = 60.0) -> tuple[int, int] | None:
     """The job's first round and the attempt number it has, agreed through the rendezvous store: the first node to
     ask records the round it joined (``joined``) and ``first_attempt`` (a job requeued into the same run dir goes on
-    from the attempts already there), every later one (a spare joining a running job too) reads that. ``add`` decides who is first
-    (every store has it; the etcd store has no compare-and-set). None when the store cannot be used."""
+    from the attempts already there), every later one (a spare joining a running job too) reads that. ``add``
+    decides who is first (every store has it; the etcd store has no compare-and-set). None when the store cannot be
+    used."""
     store = getattr(handler, "_store", None)
     if store is None:
         return None
