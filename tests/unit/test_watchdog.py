@@ -222,6 +222,39 @@ def test_a_stopped_rank_the_others_wait_for_is_a_hang_at_the_learned_timeout() -
     assert v is not None and v.stale_ranks == (1,) and v.ranks == (1,) and v.timeout_seconds == 1.0
 
 
+def test_a_rank_silent_while_it_tears_down_after_a_peer_finished_is_not_frozen() -> None:
+    # CI at load 8: rank 1 exited 0 after the last step; rank 0 printed "done" but its interpreter's shutdown
+    # kept its heartbeat thread silent past alive_stale_seconds. That is no hang (it was reported as one).
+    w = watchdog(floor_seconds=1.0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
+    _steady(w, 10)
+    silent_rank0 = {0: auto(10, 1.0, dur=0.1, coll=21, alive=1.1)}
+    assert w.check(silent_rank0, now=1.2, finished=1) is None
+    assert w.check(silent_rank0, now=8.0, finished=1) is None
+    v = w.check(silent_rank0, now=31.5, finished=1)  # past the allowance: frozen after all
+    assert v is not None and v.stale_ranks == (0,)
+    # Without a finished peer the same silence is a stopped process at once.
+    w2 = watchdog(floor_seconds=1.0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
+    _steady(w2, 10)
+    assert w2.check(silent_rank0, now=1.2) is None
+    assert w2.check(silent_rank0, now=8.0) is not None
+
+
+def test_a_rank_left_waiting_for_a_finished_peer_is_still_a_hang_at_the_timeout() -> None:
+    w = watchdog(floor_seconds=1.0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
+    _steady(w, 10)
+    assert w.check({0: auto(10, 1.0, dur=0.1, coll=20, pending=1.1, alive=1.2)}, now=1.2, finished=1) is None
+    v = w.check({0: auto(10, 1.0, dur=0.1, coll=20, pending=1.1, alive=3.9)}, now=4.0, finished=1)
+    assert v is not None and v.waiting_ranks == (0,)
+    # A script rank too: silent in teardown is given the allowance, waiting is not.
+    s = watchdog(floor_seconds=1.0, warmup_samples=0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
+    s.check({0: script(5, 5.0, dur=0.1), 1: script(5, 5.0, dur=0.1)}, now=5.0)
+    assert s.check({0: script(5, 5.0, dur=0.1)}, now=5.1, finished=1) is None
+    assert s.check({0: script(5, 5.0, dur=0.1)}, now=20.0, finished=1) is None
+    waiting = Heartbeat(step=5, steps_done=5, progress_mono=5.0, duration_seconds=0.1, phase="step",
+                        phase_start_mono=5.0, source="script", pending_since_mono=5.05, alive_mono=19.9)
+    assert s.check({0: waiting}, now=20.0, finished=1) is not None
+
+
 def test_a_rank_at_work_while_the_others_wait_gets_the_busy_allowance() -> None:
     w = watchdog(floor_seconds=1.0, busy_allowance_seconds=4.0)
     _steady(w, 10)

@@ -389,7 +389,8 @@ class GuardAgent(ElasticAgentBase):
         if lost:  # not made to wait on the store: with c10d the lost peer may be the store's host
             return self._on_node_lost(wg, lost, time.time())
         finished = self._finished(wg)
-        verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono)
+        verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono,
+                                      finished=len(finished))
         if verdict is not None and self._store_answers():
             return self._on_hang(wg, verdict, time.time(), mono)
         self._last_alive_mono = mono

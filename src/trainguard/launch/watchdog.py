@@ -20,6 +20,10 @@ writing for ``alive_stale_seconds``) or waiting in a collective gets only the ti
   longer than the timeout AND some rank has waited in a collective for longer than it, or some rank's
   background thread stopped writing (the process is stopped or frozen); while a rank is busy, not before
   the busy allowance. A long validation or data phase without collectives is therefore never called a hang.
+* once a rank of the attempt has finished (exit code 0), the others are tearing down: a rank that went silent
+  or stopped stepping then (interpreter shutdown, a teardown that holds the GIL) is not called hung before
+  ``checkpoint_allowance_seconds`` from that finish. A rank left *waiting* in a collective (alive, something
+  pending) is still a hang at the timeout: the finished peer will never join it.
 * ``none`` (no signal): watched for crashes only as long as no rank of the run ever sent a signal; once
   some attempt did, a rank of a later attempt that has not sent one yet gets the first-step allowance.
 """
@@ -136,12 +140,15 @@ class Watchdog:
         self.intervals = StepIntervals(config.timeout_model())
         self._tracks: dict[int, _RankTrack] = {}
         self.attempt_start_mono = 0.0
+        self.teardown_mono: float | None = None
+        """When a rank of this attempt was first seen finished (None: none yet)."""
         self.signal_seen = False
         """Whether any rank of the run has sent a progress signal in any attempt so far."""
         self._warned_no_signal = False
 
     def new_attempt(self, start_mono: float) -> None:
         self.attempt_start_mono = start_mono
+        self.teardown_mono = None
         self._tracks = {}
 
     def longest_step_seconds(self) -> float | None:
@@ -173,8 +180,11 @@ class Watchdog:
         if beat.has_progress_signal:
             self.signal_seen = True
 
-    def check(self, beats: Mapping[int, Heartbeat | None], now: float) -> Verdict | None:
-        """``beats``: latest heartbeat per watched rank (None = not written yet); ``now``: ``time.monotonic()``."""
+    def check(self, beats: Mapping[int, Heartbeat | None], now: float, *, finished: int = 0) -> Verdict | None:
+        """``beats``: latest heartbeat per watched rank (None = not written yet); ``now``: ``time.monotonic()``;
+        ``finished``: how many ranks of the attempt already ended with exit code 0 (left out of ``beats``)."""
+        if finished and self.teardown_mono is None:
+            self.teardown_mono = now
         if not beats:
             return None
         # Heartbeat folders are per attempt, so every record read belongs to this attempt.
@@ -231,6 +241,8 @@ class Watchdog:
             timeout = max(timeout, self.config.busy_allowance_seconds)
         for rank in scripted:
             last, deadline = self._script_deadline(current[rank], timeout)
+            if self._tearing_down(now) and not self._waits(current[rank], now):
+                deadline = max(deadline, (self.teardown_mono or now) + self.config.checkpoint_allowance_seconds)
             progress.append(last)
             if now > deadline:
                 late.append(rank)
@@ -243,6 +255,15 @@ class Watchdog:
         if beat is not None and beat.phase in _ALLOWANCE_PHASES:
             deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         return deadline
+
+    def _tearing_down(self, now: float) -> bool:
+        """A rank of the attempt finished less than the checkpoint allowance ago."""
+        return self.teardown_mono is not None and now <= self.teardown_mono + self.config.checkpoint_allowance_seconds
+
+    def _waits(self, beat: Heartbeat, now: float) -> bool:
+        """Alive (its background thread writes) and inside a collective."""
+        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds and \
+            beat.pending_since_mono > 0
 
     def _busy(self, beat: Heartbeat, now: float) -> bool:
         """Alive (its background thread writes) and in no collective: the rank works on something."""
@@ -280,6 +301,8 @@ class Watchdog:
             return None
         stale = sorted(r for r, b in beats.items()
                        if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
+        if self._tearing_down(now):
+            stale = []  # a peer finished: silence is the interpreter's shutdown (a rank that waits still writes)
         # A stale rank's last heartbeat tells what it did before it stopped, not that it waits now.
         waiting = sorted(r for r, b in beats.items()
                          if r not in stale and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
