@@ -23,8 +23,12 @@ from trainguard.errors import TrainguardError
 from trainguard.health import drain
 from trainguard.launch import nodes
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.store_link import RendezvousLostError
 
 log = logging.getLogger(__name__)
+
+RDZV_CHECK = "rdzv_reachable"
+"""The health check whose failure ends the node as a lost rendezvous, not an exclusion."""
 
 
 class NodeExcludedExit(RendezvousGracefulExitError):
@@ -44,11 +48,21 @@ def exclusion_reasons(cfg: SupervisorConfig, attempt: int, emit: Callable[[Event
             rdzv_endpoint=cfg.rdzv_endpoint if attempt > 0 else None,
             torch_checks=False, gpu_checks=cfg.gpu_checks,
         ))
+        unreachable = ""
         for r in results:
             emit(HealthCheckResult(time=time.time(), host=cfg.node_id, name=r.name, severity=r.severity, ok=r.ok,
                                    detail=r.detail, skipped=r.skipped, attempt=attempt))
-            if not r.ok and not r.skipped and r.severity == "high":
+            if r.ok or r.skipped or r.severity != "high":
+                continue
+            if r.name == RDZV_CHECK:
+                unreachable = r.detail or "unreachable"
+            else:
                 bad.append(f"{r.name}: {r.detail}" if r.detail else r.name)
+        if unreachable:
+            # Every surviving node sees this when the store's host died (c10d): it says nothing against this node,
+            # which must neither be excluded nor drained for it (docs/decisions.md N8).
+            raise RendezvousLostError(
+                f"rendezvous endpoint {cfg.rdzv_endpoint} before attempt {attempt}: {unreachable}")
     lemon = lemon_reasons(cfg)
     drain.after_admission(cfg, attempt, bad, bool(lemon), emit)  # --drain-bad-nodes (`trainguard.health.drain`)
     bad.extend(lemon)
