@@ -54,7 +54,11 @@ class StragglerConfig:
     contended host showed one rank 1.07x behind the other over 600 steps."""
     steady_noise_sigmas: float = 3.0
     """... and its median lead over all the steps so far exceeds this many standard errors of the noise (stricter
-    than ``noise_sigmas``: the rule is tried at every step of every rank from the start)."""
+    than ``noise_sigmas``: the rule is tried at every step of every rank from the start) ..."""
+    steady_settled_sigmas: float = 2.0
+    """... or this many, over a prefix of more than ``steady_windows`` windows: the noise itself is then estimated
+    from enough steps that its own error no longer needs the stricter bar (at load 6-9 the 3-sigma bar held a
+    1.3x rank back until step 74-102 of a 3-rank demo; this one named it by step 48, and no healthy run more)."""
     steady_windows: int = 3
     """Windows a rank slow from the start must be seen for before it is named (3 x 8: named by step 25)."""
 
@@ -63,6 +67,8 @@ class StragglerConfig:
             raise ValueError("window_steps must be >= 2, windows and steady_windows >= 1")
         if self.steady_min_slowdown < 1:
             raise ValueError("steady_min_slowdown must be >= 1")
+        if not (0 <= self.steady_settled_sigmas <= self.steady_noise_sigmas):
+            raise ValueError("steady_settled_sigmas must be from 0 to steady_noise_sigmas")
         if not (0 < self.late_fraction <= 1 and 0 <= self.window_fraction <= 1) or self.noise_sigmas < 0 \
                 or self.min_slowdown < 1:
             raise ValueError("late_fraction in (0, 1], window_fraction in [0, 1], noise_sigmas >= 0, min_slowdown >= 1")
