@@ -321,6 +321,8 @@ def main() -> int:
     p.add_argument("--hang-step", type=int, default=60, help="rank 1 is stopped once it logged this step")
     p.add_argument("--hang-cap", type=float, default=30.0, help="a hang run waits at most this long, seconds")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"), help="'' to not write")
+    p.add_argument("--keep", type=Path, help="keep every run's folder under this folder (to read a wrong culprit's "
+                                             "evidence afterwards); default: a temporary folder, removed")
     args = p.parse_args()
     systems = [s for s in args.only.split(",") if s]
     faults = [f for f in args.faults.split(",") if f]
@@ -330,7 +332,10 @@ def main() -> int:
     versions = _versions()
     started, t0 = _uptime(), time.time()
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {s: {f: [] for f in faults} for s in systems}
-    with tempfile.TemporaryDirectory(prefix="tg-peers-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tg-peers-") as scratch:
+        tmp = args.keep or Path(scratch)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
         for rep in range(args.reps):
             for fault in faults:
                 for system in (systems if rep % 2 == 0 else systems[::-1]):
