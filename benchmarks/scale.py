@@ -86,6 +86,7 @@ def _agent_command(net: HostNet, host: Host, store: Host, run_dir: Path, n: int)
     return [sys.executable, "-m", "trainguard", "run", "--nnodes", f"{max(1, n - 3)}:{n}", "--nproc-per-node", "1",
             "--rdzv-endpoint", f"{store.address}:{STORE_PORT}", "--rdzv-id", "scale", "--node-id", host.name,
             "--local-addr", host.address, "--run-dir", str(run_dir), "--warm-spares", "0", "--quiet",
+            "--max-restarts", str(len(FAULTS)),  # one job takes every fault: the default budget (3) ends it early
             "--", str(GPT), "--steps", "1000000", "--ckpt-every", "5", *MODEL]
 
 

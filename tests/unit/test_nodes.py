@@ -48,7 +48,23 @@ def test_a_peer_is_lost_only_after_its_beat_stood_still_for_the_timeout(tmp_path
     writer._write("running")  # it beats again: the silence starts over, on the watcher's clock
     assert watch.observe(["n1"], 106.0) == []
     assert watch.observe(["n1"], 110.9) == []
-    assert watch.changed_since("n1", 105.5) and not watch.changed_since("n1", 106.5)
+    # The read at 106.0 saw a new beat written after the read at 105.1: alive after 105.1, not provably after 105.5.
+    assert watch.changed_since("n1", 105.1) and not watch.changed_since("n1", 105.5)
+
+
+def test_a_peer_last_read_before_an_earlier_failure_is_not_alive_for_a_new_beat_seen_now(tmp_path: Path) -> None:
+    # A 4-host scale run: host0 read host3's beat (outside its ring) during an earlier failure's settle, then not
+    # for 30 s; host3 died; at the next failure host0's first read saw a beat newer than 30 s ago and took it for a
+    # sign of life after the failure, so the host's death was recorded as rank 0's error exit.
+    watch = nodes.PeerWatch(tmp_path, "n0", lost_after_seconds=5.0)
+    writer = nodes.BeatWriter(tmp_path, "n3")
+    writer._write("running")
+    watch.observe(["n3"], 25.0)
+    writer._write("running")  # beats on, unread, then dies
+    watch.observe(["n3"], 55.2)  # the failure was seen at 55.0
+    assert not watch.changed_since("n3", 55.0)
+    assert watch.observe(["n3"], 60.0) == []
+    assert [n.node for n in watch.observe(["n3"], 60.3)] == ["n3"]  # silent since it was first seen so
 
 
 def test_an_agent_watches_its_next_two_nodes_in_id_order() -> None:

@@ -135,15 +135,20 @@ class PeerWatch:
         self._seen: dict[str, tuple[int | None, float]] = {}
         """peer -> (last seq seen, this agent's monotonic time it was first seen)."""
         self._changed: dict[str, float] = {}
-        """peer -> when its beat was last seen to change (a first sighting is no change)."""
+        """peer -> a moment after which its beat is known to have changed: the read *before* the one that saw the
+        change (a first sighting is no change). Not the read that saw it: a peer read rarely (outside this
+        agent's ring, or not since an earlier failure) may have changed long ago and died since."""
+        self._read: dict[str, float] = {}
+        """peer -> when its beat was last read."""
 
     def _update(self, peer: str, now: float) -> AgentBeat | None:
         beat = read_beat(self.run_dir, peer)
         seq = beat.seq if beat is not None else None
         if peer not in self._seen or self._seen[peer][0] != seq:
             if peer in self._seen:
-                self._changed[peer] = now
+                self._changed[peer] = self._read[peer]
             self._seen[peer] = (seq, now)
+        self._read[peer] = now
         return beat
 
     def observe(self, peers: Iterable[str], now: float) -> list[LostNode]:
@@ -159,9 +164,10 @@ class PeerWatch:
         return lost
 
     def changed_since(self, peer: str, mono: float) -> bool:
-        """Whether ``peer``'s beat was seen to change after ``mono`` (a missing beat counts as alive: unknown)."""
+        """Whether ``peer``'s beat is known to have changed after ``mono`` (a missing beat counts as alive: unknown).
+        It takes two reads after ``mono``, the second seeing a new beat."""
         seq, _ = self._seen.get(peer, (None, 0.0))
-        return seq is None or self._changed.get(peer, float("-inf")) > mono
+        return seq is None or self._changed.get(peer, float("-inf")) >= mono
 
     def settle(self, peers: Iterable[str], since_mono: float, poll_seconds: float = 0.2) -> list[LostNode]:
         """After a failure at ``since_mono``: wait until every peer beat again (none lost: []) or some peer
