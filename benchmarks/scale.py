@@ -51,6 +51,7 @@ GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
 MODEL = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64"]
 STORE_PORT = 29400
 WAIT_SECONDS = 420.0
+CKPT_EVERY = 5
 FAULTS = ("crash", "crash-slow-host", "host-death", "agent-kill", "partition", "store-lost")
 
 
@@ -87,7 +88,7 @@ def _agent_command(net: HostNet, host: Host, store: Host, run_dir: Path, n: int)
             "--rdzv-endpoint", f"{store.address}:{STORE_PORT}", "--rdzv-id", "scale", "--node-id", host.name,
             "--local-addr", host.address, "--run-dir", str(run_dir), "--warm-spares", "0", "--quiet",
             "--max-restarts", str(len(FAULTS)),  # one job takes every fault: the default budget (3) ends it early
-            "--", str(GPT), "--steps", "1000000", "--ckpt-every", "5", *MODEL]
+            "--", str(GPT), "--steps", "1000000", "--ckpt-every", str(CKPT_EVERY), *MODEL]
 
 
 class Job:
@@ -117,14 +118,21 @@ class Job:
         return out
 
     def wait_steady(self, since: float, steps: int = 3) -> bool:
-        """Every host still in the job completed ``steps`` steps after ``since``."""
+        """Every host still in the job completed ``steps`` steps after ``since``, one of them past the checkpoint
+        after the highest step before ``since``: the job made new progress. Faults closer together than that are a
+        crash loop to the job (its no-progress rule ends it after three such attempts), not the faults measured."""
         deadline = time.monotonic() + WAIT_SECONDS
         while time.monotonic() < deadline:
+            done = [r for r in self.tail.poll() if r["type"] == "step_completed"]
+            before = max((int(r["step"]) for r in done if r["time"] <= since), default=-CKPT_EVERY)
             counts: dict[str, int] = {}
-            for r in self.tail.poll():
-                if r["type"] == "step_completed" and r["time"] > since:
+            highest: dict[str, int] = {}
+            for r in done:
+                if r["time"] > since:
                     counts[r["host"]] = counts.get(r["host"], 0) + 1
-            if all(counts.get(h.name, 0) >= steps for h in self.alive):
+                    highest[r["host"]] = max(highest.get(r["host"], 0), int(r["step"]))
+            if all(counts.get(h.name, 0) >= steps and highest.get(h.name, 0) > before + CKPT_EVERY
+                   for h in self.alive):
                 return True
             time.sleep(0.5)
         return False
