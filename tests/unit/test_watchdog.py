@@ -232,6 +232,12 @@ def test_a_rank_silent_while_it_tears_down_after_a_peer_finished_is_not_frozen()
     assert w.check(silent_rank0, now=8.0, finished=1) is None
     v = w.check(silent_rank0, now=31.5, finished=1)  # past the allowance: frozen after all
     assert v is not None and v.stale_ranks == (0,)
+    # Its last beat written inside the final barrier: still silence in a teardown, not a wait.
+    in_barrier = {0: auto(10, 1.0, dur=0.1, coll=20, pending=1.05, alive=1.1)}
+    w3 = watchdog(floor_seconds=1.0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
+    _steady(w3, 10)
+    assert w3.check(in_barrier, now=1.2, finished=1) is None
+    assert w3.check(in_barrier, now=8.0, finished=1) is None
     # Without a finished peer the same silence is a stopped process at once.
     w2 = watchdog(floor_seconds=1.0, alive_stale_seconds=1.5, checkpoint_allowance_seconds=30.0)
     _steady(w2, 10)

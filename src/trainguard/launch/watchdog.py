@@ -299,13 +299,13 @@ class Watchdog:
                 deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         if now <= deadline:
             return None
-        stale = sorted(r for r, b in beats.items()
-                       if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
-        if self._tearing_down(now):
-            stale = []  # a peer finished: silence is the interpreter's shutdown (a rank that waits still writes)
-        # A stale rank's last heartbeat tells what it did before it stopped, not that it waits now.
+        silent = sorted(r for r, b in beats.items()
+                        if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
+        # A peer finished: silence is the interpreter's shutdown (a rank that really waits still writes).
+        stale = [] if self._tearing_down(now) else silent
+        # A silent rank's last heartbeat tells what it did before it went quiet, not that it waits now.
         waiting = sorted(r for r, b in beats.items()
-                         if r not in stale and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
+                         if r not in silent and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
         if not waiting and not stale:
             return None  # nothing waits: a long phase without collectives (validation, data), not a hang
         busy = [r for r, b in beats.items() if r not in stale and self._busy(b, now)]
