@@ -260,15 +260,17 @@ class Watchdog:
         """A rank of the attempt finished less than the checkpoint allowance ago."""
         return self.teardown_mono is not None and now <= self.teardown_mono + self.config.checkpoint_allowance_seconds
 
+    def _alive(self, beat: Heartbeat, now: float) -> bool:
+        """Its background thread writes (it wrote within ``alive_stale_seconds``)."""
+        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds
+
     def _waits(self, beat: Heartbeat, now: float) -> bool:
-        """Alive (its background thread writes) and inside a collective."""
-        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds and \
-            beat.pending_since_mono > 0
+        """Alive and inside a collective."""
+        return self._alive(beat, now) and beat.pending_since_mono > 0
 
     def _busy(self, beat: Heartbeat, now: float) -> bool:
-        """Alive (its background thread writes) and in no collective: the rank works on something."""
-        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds and \
-            beat.pending_since_mono <= 0
+        """Alive and in no collective: the rank works on something."""
+        return self._alive(beat, now) and beat.pending_since_mono <= 0
 
     def _script_deadline(self, beat: Heartbeat, timeout: float) -> tuple[float, float]:
         """(last progress, deadline) of a rank that counts its steps through ``trainguard.attach()``."""
@@ -299,8 +301,7 @@ class Watchdog:
                 deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         if now <= deadline:
             return None
-        silent = sorted(r for r, b in beats.items()
-                        if b.alive_mono > 0 and now - b.alive_mono > self.config.alive_stale_seconds)
+        silent = sorted(r for r, b in beats.items() if b.alive_mono > 0 and not self._alive(b, now))
         # A peer finished: silence is the interpreter's shutdown (a rank that really waits still writes).
         stale = [] if self._tearing_down(now) else silent
         # A silent rank's last heartbeat tells what it did before it went quiet, not that it waits now.
