@@ -51,6 +51,26 @@ def test_index_is_idempotent_and_builds_host_history(tmp_path: Path, fleet_db: s
         assert mode == "wal"
 
 
+def test_a_read_older_than_the_stored_one_does_not_take_the_end_back(
+        tmp_path: Path, fleet_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two indexers of a growing run: one read the folder before the run's end was written and commits after
+    the other indexed the end. The run stays ended (it was "running" again in a loaded CI run)."""
+    from trainguard.health.fleetdb import store
+
+    rd = RunDir(tmp_path / "job").create()
+    with rd.writer("agent-head") as w:
+        w.write(RunStarted(time=100.0, host="head", run_id="job", world_size=1))
+    stale = store.read_run(rd)
+    with rd.writer("agent-head") as w:
+        w.write(RunEnded(time=200.0, host="head", run_id="job", status="completed"))
+    with FleetDB(fleet_db) as db:
+        db.index(rd)
+        monkeypatch.setattr(store, "read_run", lambda _rd: stale)
+        assert db.index(rd).new_events == 0
+        (run,) = db.runs()
+        assert (run.status, run.ended, run.events) == ("completed", 200.0, 2)
+
+
 def _index_many(db_path: str, runs: list[str], rounds: int) -> None:
     with FleetDB(db_path) as db:
         for _ in range(rounds):

@@ -24,11 +24,14 @@ from trainguard.health.fleetdb.schema import LEGACY_PREFIX, prepare
 
 log = logging.getLogger(__name__)
 
+# The folder is read before the run's lock is taken, so an indexer may commit a read older than the one
+# already stored (it began before the run's end was written): the row only moves forward, never back to "running".
 _UPSERT_RUN = (
     "INSERT INTO runs (uid, run_id, name, path, started, ended, status, synthetic, indexed_at)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (uid) DO UPDATE SET name = excluded.name,"
     " path = excluded.path, started = excluded.started, ended = excluded.ended, status = excluded.status,"
-    " synthetic = excluded.synthetic, indexed_at = excluded.indexed_at")
+    " synthetic = excluded.synthetic, indexed_at = excluded.indexed_at"
+    " WHERE runs.ended IS NULL OR excluded.ended >= runs.ended")
 _INSERT_EVENT = ("INSERT INTO events (run_uid, writer, line, type, time, host, body) VALUES (?, ?, ?, ?, ?, ?, ?)"
                  " ON CONFLICT DO NOTHING")
 _INSERT_HISTORY = ("INSERT INTO host_history (host, run_uid, time, kind, detail, source_writer, source_line)"
