@@ -70,6 +70,34 @@ def test_a_save_with_optimizer_state_is_a_checkpoint_and_a_small_export_is_not(r
     assert rt.phase != "checkpoint"
 
 
+class _Probe(io.BytesIO):
+    """A file object that notes the rank's heartbeat phase at each write (inside the save)."""
+
+    def __init__(self, rt: runtime.Runtime, fail: bool = False) -> None:
+        super().__init__()
+        self.rt, self.fail, self.phases = rt, fail, set[str]()
+
+    def write(self, data: Any) -> int:
+        self.phases.add(self.rt.phase)
+        if self.fail:
+            raise OSError("disk full")
+        return super().write(data)
+
+
+def test_a_save_that_is_no_checkpoint_is_a_save_phase_while_it_runs(rt: runtime.Runtime) -> None:
+    """An export the other ranks may wait for in a barrier: the rank writes, it is not stuck (the watchdog gives
+    the phase the checkpoint allowance). The phase before it comes back after it, also when it fails."""
+    model, _ = _model_and_opt()
+    rt.set_phase("step")
+    export = _Probe(rt)
+    torch.save(model.state_dict(), export)
+    assert export.phases == {ckpt_io.SAVE_PHASE} and rt.phase == "step"
+    with pytest.raises(OSError, match="disk full"):
+        torch.save(model.state_dict(), _Probe(rt, fail=True))
+    assert rt.phase == "step"
+    assert not _records(rt, "checkpoint_save_finished")  # still no checkpoint
+
+
 def test_large_saves_count_and_file_objects_count_their_bytes(rt: runtime.Runtime, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINGUARD_CHECKPOINT_MIN_BYTES", "6000")

@@ -107,7 +107,8 @@ def test_the_loop_resumed_at_its_checkpoint_and_lost_the_steps_after_it(run: Run
     rep = run.report
     assert "done at step 30" in run.console
     assert rep["completed_steps"] == 30
-    assert [i["kind"] for i in rep["interruptions"]] == ["crash"]
+    failures = [e.get("detail", "") for e in of_type(events(run.run_dir, "agent-"), "failure_detected")]
+    assert [i["kind"] for i in rep["interruptions"]] == ["crash"], failures
     assert [(p["attempt"], p["step"], p["source"]) for p in rep["resume_points"]] == [(1, 20, run.loop.source)]
     assert [i["lost_steps"] for i in rep["interruptions"]] == [3]
     assert rep["lost_progress_unknown"] is None

@@ -275,6 +275,21 @@ def test_a_rank_at_work_while_the_others_wait_gets_the_busy_allowance() -> None:
     assert "rank(s) [0] at work outside any collective" in v.reason
 
 
+def test_a_rank_inside_a_save_gets_the_checkpoint_allowance_not_the_busy_one() -> None:
+    """Rank 0 exports the weights (a save that is no checkpoint: phase ``save``) while rank 1 waits in the
+    final barrier: the pattern of every script that saves its model on rank 0 at the end."""
+    w = watchdog(floor_seconds=1.0, busy_allowance_seconds=4.0, checkpoint_allowance_seconds=60.0)
+    _steady(w, 10)
+
+    def beats(now: float) -> dict[int, Heartbeat]:
+        return {0: auto(10, 1.0, dur=0.1, coll=20, alive=now - 0.2, phase="save", pt=1.05),
+                1: auto(10, 1.0, dur=0.1, coll=20, pending=1.1, alive=now - 0.2)}
+    for now in (5.1, 30.0, 61.0):
+        assert w.check(beats(now), now=now) is None
+    v = w.check(beats(61.1), now=61.1)  # a save stuck for good (a dead file system) is still found
+    assert v is not None and v.waiting_ranks == (1,)
+
+
 def test_a_script_rank_at_work_gets_the_busy_allowance_a_stopped_one_the_timeout() -> None:
     w = watchdog(floor_seconds=1.0, busy_allowance_seconds=4.0, warmup_samples=0, alive_stale_seconds=1.5)
     for i in range(1, 6):

@@ -280,7 +280,8 @@ class Heartbeat:
     duration_seconds: float
     """Length of the last completed step."""
     phase: str
-    """``init``, ``step``, ``idle``, ``checkpoint``, ``done`` or a script's own phase name."""
+    """``init``, ``step``, ``idle``, ``checkpoint``, ``save`` (another save in progress), ``done`` or a script's own
+    phase name."""
     phase_start_mono: float
     source: str = "none"
     """One of `SOURCES`: what counts this rank's steps."""

@@ -14,7 +14,8 @@ writing for ``alive_stale_seconds``) or waiting in a collective gets only the ti
 * ``script`` (``trainguard.attach()`` steps): a rank is hung when no step of its own ended for longer than
   the timeout (the busy allowance while some rank is busy); ``first_step_allowance_seconds`` from the attempt's
   start before its first step; at least ``checkpoint_allowance_seconds`` from the start of a ``checkpoint``
-  phase (or ``done``: the rank finished and waits for the others).
+  phase (or ``save``: inside any other save call, an export; or ``done``: the rank finished and waits for the
+  others).
 * ``optimizer`` (automatic optimizer-step hooks in an unmodified script): a hang is a *wait*. The job is
   hung only when nothing progressed (no step ended and no collective completed on any such rank) for
   longer than the timeout AND some rank has waited in a collective for longer than it, or some rank's
@@ -41,7 +42,9 @@ from trainguard.launch.settings import Flag, setting
 
 log = logging.getLogger(__name__)
 
-_ALLOWANCE_PHASES = ("checkpoint", "done")
+_ALLOWANCE_PHASES = ("checkpoint", "save", "done")
+"""Phases given ``checkpoint_allowance_seconds``: a checkpoint, any other save in progress
+(`trainguard.worker.ckpt_io.SAVE_PHASE`: the launcher does not import the worker), a finished rank."""
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class _Call:
     started: bool = False
     """``checkpoint_save_started`` was written."""
     phase: str = ""
+    """The heartbeat phase before the call, when the call set its own (``checkpoint`` or `SAVE_PHASE`)."""
 
 
 @dataclass
@@ -104,6 +105,11 @@ class _Episode:
     ids: set[int] = field(default_factory=set)
     """``id()`` of what the loads returned (and of its values): a ``load_state_dict`` of one applies the restore."""
 
+
+SAVE_PHASE = "save"
+"""The heartbeat phase inside a save not known to be a checkpoint when it begins (an export of the weights, a
+file judged by its size only at the end): the rank writes, it is not stuck, and the agent gives it the checkpoint
+allowance. Without it a rank-0 export the others wait for in a barrier was a hang after the busy allowance."""
 
 PREPARED_KEPT = 4
 """How many recent state preparations (DCP's ``get_state_dict`` family) are remembered."""
@@ -246,6 +252,9 @@ def _begin(rt: runtime.Runtime, spec: EntryPoint, args: tuple[Any, ...], kwargs:
         rt.set_phase("checkpoint")
         rt.emit(CheckpointSaveStarted(time=observed.start_wall, host=rt.host, attempt=rt.attempt, rank=rt.rank,
                                       step=rt.step, framework=spec.framework, entry=spec.entry))
+    elif rt.phase not in ("checkpoint", SAVE_PHASE):
+        observed.phase = rt.phase
+        rt.set_phase(SAVE_PHASE)
     return observed
 
 
@@ -274,6 +283,8 @@ def _end(rt: runtime.Runtime, observed: _Call, args: tuple[Any, ...], kwargs: di
 def _end_save(rt: runtime.Runtime, observed: _Call, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
               error: str) -> None:
     blocking = max(0.0, time.monotonic() - observed.start_mono)
+    if not observed.started and observed.phase and rt.phase == SAVE_PHASE:
+        rt.set_phase(observed.phase)
     nbytes = 0 if error else _bytes(rt, observed, args, kwargs)
     if not observed.started and (error or nbytes < ckpt_rules.min_bytes()):
         return  # not a checkpoint: a small file, an export
