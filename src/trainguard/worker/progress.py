@@ -28,8 +28,9 @@ class CollectiveStatus:
     """Monotonic time the oldest still-pending collective was first seen pending; 0 when none is."""
 
 
-def read_pg_status() -> dict[str, Any] | None:
-    """The flight recorder's ``pg_status`` (group id -> counters), or None when there is no process group."""
+def read_pg_status(*, only_backend: str | None = None) -> dict[str, Any] | None:
+    """The flight recorder's ``pg_status`` (group id -> counters), or None when there is no process group (or,
+    with ``only_backend``, when the default group has another backend)."""
     if not torch_ready():
         return None
     try:
@@ -39,7 +40,10 @@ def read_pg_status() -> dict[str, Any] | None:
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        raw = dump_flight_recorder("json", backend=dist.get_backend(), collectives=False)
+        backend = dist.get_backend()
+        if only_backend is not None and backend != only_backend:
+            return None
+        raw = dump_flight_recorder("json", backend=backend, collectives=False)
         if raw is None:
             return None
         status = json.loads(raw).get("pg_status")
@@ -49,21 +53,52 @@ def read_pg_status() -> dict[str, Any] | None:
     return status if isinstance(status, dict) else None
 
 
+SETTLED_BACKEND = "gloo"
+"""The backend whose recorder counts a collective completed only once its work object is freed: DDP keeps the
+last gradient bucket's until the next backward, so after a step that collective looked pending through any
+phase without collectives (an evaluation, an export) and the rank looked *waiting*: a false hang at the timeout.
+NCCL's recorder marks completion when the GPU finished it."""
+
+
+def _counters(counters: Any) -> tuple[int, int] | None:
+    """(last enqueued, last completed) of one group's counters; None when unreadable."""
+    try:
+        return int(counters["last_enqueued_collective"]), int(counters["last_completed_collective"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class CollectiveTracker:
     """Turns successive ``pg_status`` readings into `CollectiveStatus` (remembers when pending began)."""
 
     def __init__(self) -> None:
         self._pending: dict[str, tuple[int, float]] = {}  # group -> (oldest pending seq, first seen)
+        self._settled: dict[str, int] = {}
+        """Group -> last collective enqueued when a step ended (read where it ended, `settle`)."""
+
+    def settle(self, pg_status: dict[str, Any]) -> None:
+        """A step ended: every collective enqueued before it is over (the optimizer steps on reduced gradients).
+
+        Called from the training thread at the step's end, so nothing of the next step is counted. A script
+        that leaves an async collective unwaited across a step is the exception; if all ranks hang in one, the
+        next collective of any rank still shows the wait."""
+        marks = {}
+        for group, counters in pg_status.items():
+            read = _counters(counters)
+            if read is not None:
+                marks[group] = read[0]
+        self._settled = marks  # one assignment: the heartbeat thread reads it whole
 
     def update(self, pg_status: dict[str, Any], now_mono: float) -> CollectiveStatus:
         done = 0
         since: list[float] = []
+        settled = self._settled
         for group, counters in pg_status.items():
-            try:
-                enqueued = int(counters["last_enqueued_collective"])
-                completed = int(counters["last_completed_collective"])
-            except (KeyError, TypeError, ValueError):
+            read = _counters(counters)
+            if read is None:
                 continue
+            enqueued, completed = read
+            completed = max(completed, settled.get(group, -1))
             done += max(completed, 0)
             if enqueued > completed:
                 seq = completed + 1  # the oldest collective not completed yet

@@ -29,7 +29,7 @@ from trainguard.core.events import Event, FaultInjected, StepCompleted
 from trainguard.core.protocol import PROCESS_STATE_FILE, SOURCES, Heartbeat, RunLayout, WorkerEnv, heartbeat_name
 from trainguard.core.safefs import open_heartbeat
 from trainguard.worker.control import ControlThread, dump_flight_recorder, torch_ready, write_evidence
-from trainguard.worker.progress import CollectiveStatus, CollectiveTracker, read_pg_status
+from trainguard.worker.progress import SETTLED_BACKEND, CollectiveStatus, CollectiveTracker, read_pg_status
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,10 @@ class Runtime:
         self.duration_seconds = duration_seconds
         self.phase = phase
         self.phase_start_mono = end
+        if self._pg_seen:
+            status = read_pg_status(only_backend=SETTLED_BACKEND)
+            if status is not None:
+                self._tracker.settle(status)
         self.beat()
         if self.injector is not None:
             self.injector.note_step_seconds(duration_seconds)
