@@ -30,7 +30,7 @@ from trainguard.launch.watchdog import WatchdogConfig
 SCRIPT = Path(__file__).resolve().parent / "userscripts" / "eval_and_export.py"
 EVAL_SECONDS = 2 * WatchdogConfig().floor_seconds
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(480)
 
 
 def test_an_evaluation_and_a_slow_rank_0_export_are_no_hang(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_an_evaluation_and_a_slow_rank_0_export_are_no_hang(tmp_path: Path) -> N
            "1", "--run-dir", str(run_dir), "--no-health-checks", str(SCRIPT), "--steps", "6", "--eval-at", "3",
            "--eval-seconds", str(EVAL_SECONDS), "--export", str(export)]
     proc = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=280, check=False)
+                          text=True, timeout=450, check=False)
     console = proc.stdout + proc.stderr
     failures = [e.get("detail", "") for e in of_type(events(run_dir, "agent-"), "failure_detected")]
     assert proc.returncode == 0 and not failures, (failures, console[-4000:])
