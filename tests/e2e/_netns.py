@@ -83,9 +83,9 @@ def _delete(ns: str) -> None:
         _ip("netns", "del", ns)
     group = _CPU_CGROUP / ns
     if group.is_dir():
-        for pid in (group / "cgroup.procs").read_text().split():  # processes left there go back to the root group
+        for member in (group / "cgroup.procs").read_text().split():  # processes left there go back to the root group
             with contextlib.suppress(OSError):
-                (_CPU_CGROUP / "cgroup.procs").write_text(pid)
+                (_CPU_CGROUP / "cgroup.procs").write_text(member)
         with contextlib.suppress(OSError):
             group.rmdir()
 
