@@ -79,9 +79,9 @@ class CollectiveTracker:
     def settle(self, pg_status: dict[str, Any]) -> None:
         """A step ended: every collective enqueued before it is over (the optimizer steps on reduced gradients).
 
-        Called from the training thread at the step's end, so nothing of the next step is counted. A script
-        that leaves an async collective unwaited across a step is the exception; if all ranks hang in one, the
-        next collective of any rank still shows the wait."""
+        Called from the training thread at the step's end, so nothing of the next step is counted. The price: a
+        script that leaves an async collective unwaited across a step and then blocks in it on every rank looks
+        busy, not waiting (a rank that goes on to its next collective still shows the wait)."""
         marks = {}
         for group, counters in pg_status.items():
             read = _counters(counters)
