@@ -102,7 +102,7 @@ def test_flipped_byte_of_the_only_checkpoint_leaves_the_state_untouched(tmp_path
     events = tmp_path / "events.jsonl"
     with Checkpointer(tmp_path / "ckpt", events=EventWriter(events)) as ckpt:
         assert ckpt.restore(state) is None
-    assert _equal(state, _empty())  # loaded into staging, never trusted: no damaged byte reached the state
+    assert _equal(state, _empty())  # the only one: loaded into staging, never trusted, so no damaged byte reached it
     (rejected,) = [e for e in read_events(events) if isinstance(e, CheckpointRejected)]
     assert "checksum" in rejected.reason and "__0_0.distcp" in rejected.reason
 
@@ -115,6 +115,43 @@ def test_damage_in_the_newest_falls_back_to_an_intact_older_state(tmp_path: Path
     with Checkpointer(tmp_path / "ckpt") as ckpt:
         assert ckpt.restore(state) == 1
     assert _equal(state, _state(1))
+
+
+def test_with_an_older_checkpoint_to_fall_back_on_the_load_goes_straight_into_the_state(tmp_path: Path) -> None:
+    _save(tmp_path / "ckpt", 1, 2)
+    state = _empty()
+    pointers = [state["big"].data_ptr(), *(t.data_ptr() for t in state["layers"])]
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.restore(state) == 2
+        assert ckpt._arena.nbytes == 0  # no staging copy of the state was made
+    assert _equal(state, _state(2))
+    assert pointers == [state["big"].data_ptr(), *(t.data_ptr() for t in state["layers"])]
+
+
+def test_the_only_checkpoint_is_still_staged(tmp_path: Path) -> None:
+    _save(tmp_path / "ckpt", 1)
+    state = _empty()
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.restore(state) == 1
+        assert ckpt._arena.nbytes >= 2 * MB  # nothing older to fall back on: verified before the state changes
+    assert _equal(state, _state(1))
+
+
+def test_every_checkpoint_damaged_after_an_in_place_load_raises_instead_of_training_on_its_bytes(
+    tmp_path: Path,
+) -> None:
+    _save(tmp_path / "ckpt", 1, 2)
+    for step in (1, 2):
+        shard = tmp_path / "ckpt" / f"step-{step}" / "__0_0.distcp"
+        _flip(shard, shard.stat().st_size // 2)
+    events = tmp_path / "events.jsonl"
+    with (
+        Checkpointer(tmp_path / "ckpt", events=EventWriter(events)) as ckpt,
+        pytest.raises(CheckpointError, match="unverified bytes of rejected step 2"),
+    ):
+        ckpt.restore(_empty())
+    assert [e.step for e in read_events(events) if isinstance(e, CheckpointRejected)] == [2, 1]
+    assert len(list((tmp_path / "ckpt").glob(".rejected-step-*"))) == 2
 
 
 def test_damaged_metadata_is_never_unpickled(tmp_path: Path) -> None:

@@ -376,11 +376,13 @@ class Checkpointer:
 
         With the memory tier on, the newest copy every rank holds in memory (own node, then a peer's
         replica) is loaded instead when it is at least as new as storage's newest (see `MemoryTier`).
-        Every file is read once and checked against the manifest's checksum while it loads (into host
-        memory; ``state`` changes only once every rank's files verified). Corrupt or partial
-        checkpoints are reported (`CheckpointRejected`), moved aside to ``.rejected-step-N-*`` and
-        skipped. Raises `CheckpointError` when checkpoints exist but none matches the structure of
-        ``state`` (a wrong model or an uninitialised optimizer state).
+        Every file is read once and checked against the manifest's checksum while it loads: straight into
+        ``state``'s tensors when an older checkpoint is left to fall back on (a failed verification loads
+        that one over it), else into host memory, copied into ``state`` only once every rank's files
+        verified. Corrupt or partial checkpoints are reported (`CheckpointRejected`), moved aside to
+        ``.rejected-step-N-*`` and skipped. Raises `CheckpointError` when checkpoints exist but none matches
+        the structure of ``state`` (a wrong model or an uninitialised optimizer state), or when none
+        verified after one had been loaded in place (``state`` then holds rejected bytes).
         """
         with self._phase():
             self._drain()

@@ -1,11 +1,14 @@
 """Restore: pick the newest checkpoint every rank can use, load it in one verified read, fall back on damage.
 
 Each candidate (newest first) is checked cheaply on every rank (manifest, structure, file sizes), then
-loaded by DCP through `VerifyingReader` into staging buffers (`trainguard.checkpoint.staging`) while
-every byte is hashed. The caller's
-state changes only after every rank agreed that every file verified; a damaged checkpoint is
-reported, moved aside, and the next older one is tried, so no byte of a rejected checkpoint reaches
-the model.
+loaded by DCP through `VerifyingReader` while every byte is hashed. Where an older committed checkpoint is
+left to fall back on, the load goes straight into the caller's tensors (the copy a staged load needs
+afterwards is most of what separated it from plain ``dcp.load``); if any rank's files then fail to verify,
+the older checkpoint is loaded over them, so the state never keeps a rejected byte. The last candidate is
+loaded into staging buffers (`trainguard.checkpoint.staging`) and written back only once every rank agreed
+that every file verified: with nothing older to fall back on, damage leaves the state as it was. A damaged
+checkpoint is reported, moved aside, and the next older one is tried. Non-tensor values are always
+assigned only after verification.
 """
 
 from __future__ import annotations
@@ -116,22 +119,34 @@ class Restorer:
         own = f"{RANK_LOCAL_STORED}.{rank}"
         steps: list[int] = comm.broadcast(self._candidates(), comm.ctl_pg)
         mismatches: list[str] = []
-        for step in steps:
+        dirty: int | None = None  # the rejected step whose unverified bytes the state's tensors hold
+        for index, step in enumerate(steps):
             path = step_dir(self.directory, step)
             manifest, reason, kind = self._check(path, wanted, own)
-            reasons = comm.all_gather((reason, kind), comm.ctl_pg)
+            reasons = comm.all_gather_flagged((reason, kind), bool(reason), comm.ctl_pg)
             if not any(r for r, _ in reasons) and manifest is not None:
-                staged, load_error, read = self._load(path, manifest, flat)
+                # Every rank has the same list, so every rank takes the same branch.
+                in_place = index + 1 < len(steps)
+                staged, load_error, read = self._load(path, manifest, flat, in_place)
                 # DCP agrees on its own errors; this makes every other failure agreed too.
-                reasons = [(e, "corrupt" if e else "") for e in comm.all_gather(load_error, comm.ctl_pg)]
+                errors = comm.all_gather_flagged(load_error, bool(load_error), comm.ctl_pg)
+                reasons = [(e, "corrupt" if e else "") for e in errors]
                 if not any(r for r, _ in reasons):
                     self._write_back(payload, flat, staged, mapping, state)
                     self._loaded(step, path, start, tensor_bytes(flat))
                     return Restored(step, path, tensor_bytes(flat), read)
+                if in_place and dirty is None:
+                    dirty = step
             who, (reason, kind) = next((r, x) for r, x in enumerate(reasons) if x[0])
             self._reject(step, path, f"rank {who}: {reason}", kind)
             if kind in ("structure", "unverifiable"):
                 mismatches.append(f"step {step}: {reason}")
+        if dirty is not None:
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} verified, and the state's tensors hold unverified bytes of "
+                f"rejected step {dirty} (it was loaded in place with older checkpoints to fall back on): "
+                "initialize the state again before training from scratch"
+            )
         if mismatches:
             raise CheckpointError(f"no checkpoint in {self.directory} matches the state: {mismatches[0]}")
         return None
@@ -180,9 +195,13 @@ class Restorer:
         verify_files(path, manifest, sorted(manifest.files)[self.comm.rank :: world], checksums=False)
         return manifest, "", ""
 
-    def _load(self, path: Path, manifest: Manifest, flat: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
-        """(staged state, error or "", bytes read): one DCP load through the verifying reader."""
-        staged = self.arena.state(flat)
+    def _load(
+        self, path: Path, manifest: Manifest, flat: dict[str, Any], in_place: bool
+    ) -> tuple[dict[str, Any], str, int]:
+        """(loaded state, error or "", bytes read): one DCP load through the verifying reader, into the
+        caller's own tensors (``in_place``) or into staging memory."""
+        # A new dict either way: DCP replaces non-tensor values in it, assigned to the state after verification.
+        staged = dict(flat) if in_place else self.arena.state(flat)
         reader = VerifyingReader(path, manifest)
         try:
             with ckpt_io.quiet():  # reported by the checkpointer's own record, not again as a DCP call
