@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,35 +153,43 @@ def torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     return {"fault_to_first_new_step_seconds": first - _fault_time(run_dir)}
 
 
+def _crash_rank(args: argparse.Namespace) -> int:
+    return 1 if args.ranks > 1 else 0
+
+
 def _plain_args(args: argparse.Namespace, run_dir: Path) -> list[str]:
     crash = args.unmodified_crash_step
     return [str(PLAIN), "--steps", str(crash + 20), "--ckpt-dir", str(run_dir / "ck"), "--ckpt-every", "5",
-            "--step-seconds", "0.05", "--crash-rank", "1", "--crash-step", str(crash),
+            "--step-seconds", "0.05", "--crash-rank", str(_crash_rank(args)), "--crash-step", str(crash),
             "--step-log", str(run_dir / "steps")]
 
 
-def _plain_gap(run_dir: Path, args: argparse.Namespace) -> float:
-    """Fault (rank 1's crash step ended: it kills itself right after logging it) -> the first step every rank
-    completed after the restart, from the script's own step logs."""
+def _plain_gap(run_dir: Path, args: argparse.Namespace, launched: float) -> dict[str, float]:
+    """Fault (the crash rank's crash step ended: it kills itself right after logging it) -> the first step every
+    rank completed after the restart; and launch -> the first step every rank completed (the start-up's cost),
+    from the script's own step logs."""
     lines = [json.loads(x) for p in run_dir.glob("steps.*") for x in p.read_text().splitlines() if x.strip()]
-    fault = min(x["time"] for x in lines if x["restart"] == 0 and x["rank"] == 1
+    fault = min(x["time"] for x in lines if x["restart"] == 0 and x["rank"] == _crash_rank(args)
                 and x["step"] == args.unmodified_crash_step)
-    firsts: dict[int, float] = {}
+    firsts: dict[int, dict[int, float]] = {0: {}, 1: {}}
     for x in lines:
-        if x["restart"] == 1:
-            firsts[x["rank"]] = min(firsts.get(x["rank"], x["time"]), x["time"])
-    if len(firsts) < args.ranks:
+        if x["restart"] in firsts:
+            mine = firsts[x["restart"]]
+            mine[x["rank"]] = min(mine.get(x["rank"], x["time"]), x["time"])
+    if len(firsts[1]) < args.ranks:
         raise RuntimeError(f"{run_dir}: not every rank stepped after the restart")
-    return max(firsts.values()) - fault
+    return {"fault_to_first_new_step_seconds": max(firsts[1].values()) - fault,
+            "launch_to_first_step_seconds": max(firsts[0].values()) - launched}
 
 
 def unmodified_run(args: argparse.Namespace, run_dir: Path, options: tuple[str, ...] = ()) -> dict[str, float]:
     run_dir.mkdir(parents=True)
+    launched = time.time()
     subprocess.run([sys.executable, "-m", "trainguard", "run", "--nproc-per-node", str(args.ranks),
                     "--run-dir", str(run_dir / "run"), "--max-restarts", "1", *options, "--",
                     *_plain_args(args, run_dir)], check=True, capture_output=True, timeout=900)
     started = [e for e in _events(run_dir / "run", "agent-") if e["type"] == "attempt_started"]
-    return {"fault_to_first_new_step_seconds": _plain_gap(run_dir, args),
+    return {**_plain_gap(run_dir, args, launched),
             "warm_starts": sum(e.get("warm_starts", 0) for e in started if e["attempt"] == 1)}
 
 
@@ -188,19 +197,25 @@ def unmodified_torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str
     run_dir.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")
+    launched = time.time()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
                     "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
                     *_plain_args(args, run_dir)], env=env, check=True, capture_output=True, timeout=900)
-    return {"fault_to_first_new_step_seconds": _plain_gap(run_dir, args)}
+    return _plain_gap(run_dir, args, launched)
 
 
 def unmodified_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     return unmodified_run(args, run_dir, ("--warm-spares", "0"))
 
 
+def unmodified_spares_at_launch_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    """A count asked for: the pool starts with the job whatever the node's CPUs."""
+    return unmodified_run(args, run_dir, ("--warm-spares", str(args.ranks)))
+
+
 UNMODIFIED: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
     "unmodified_tg": unmodified_run, "unmodified_bare": unmodified_torchrun_run,
-    "unmodified_tg_cold": unmodified_cold_run,
+    "unmodified_tg_cold": unmodified_cold_run, "unmodified_tg_spares_at_launch": unmodified_spares_at_launch_run,
 }
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
@@ -221,6 +236,7 @@ def _section(rows: list[dict[str, Any]], bare_fault: float, goal_ratio: float | 
         "detection_to_first_new_step_seconds": _med(rows, "detection_to_first_new_step_seconds"),
         "detection_latency_seconds": _med(rows, "detection_latency_seconds"),
         "recovery_seconds": _med(rows, "recovery_seconds"),
+        "launch_to_first_step_seconds": _med(rows, "launch_to_first_step_seconds"),
         "ratio_over_torchrun": round(fault / bare_fault, 3) if fault is not None else None,
         "runs": rows,
     }
@@ -266,7 +282,10 @@ def main() -> int:
     assert plain_bare is not None
     unmodified = {"trainguard_defaults": _section(rows["unmodified_tg"], plain_bare, UNMODIFIED_GOAL_RATIO),
                   "trainguard_warm_spares_0": _section(rows["unmodified_tg_cold"], plain_bare, None),
+                  "trainguard_spares_at_launch": _section(rows["unmodified_tg_spares_at_launch"], plain_bare, None),
                   "torchrun_max_restarts": {"fault_to_first_new_step_seconds": plain_bare,
+                                            "launch_to_first_step_seconds": _med(rows["unmodified_bare"],
+                                                                                 "launch_to_first_step_seconds"),
                                             "runs": rows["unmodified_bare"]}}
     if args.only_unmodified:
         print(json.dumps({"benchmark": "restart latency of an unmodified DDP script after a rank crash (SIGKILL)",

@@ -118,3 +118,24 @@ def test_warm_spares_0_restarts_cold(tmp_path: Path) -> None:
     started = of_type(events(run_dir, "agent-"), "attempt_started")
     assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 0)]
     assert not (run_dir / "logs" / "spares").exists()
+
+
+def test_a_pool_that_starts_with_the_job_is_ready_for_a_crash_at_the_second_step(tmp_path: Path) -> None:
+    # The pool fills ahead of the workers (a count asked for always does; an automatic one where the node has an
+    # idle CPU for every worker and spare, tests/unit/test_warm_spares.py). Before, it filled at the agent's
+    # first look at the running workers, behind the worker's own imports.
+    run_dir, out, step_log = tmp_path / "run", tmp_path / "out.json", tmp_path / "steps"
+    proc = start_trainguard(
+        "run", "--nproc-per-node", "1", "--run-dir", str(run_dir), "--max-restarts", "1", "--warm-spares", "1",
+        "--json", "--", str(PLAIN), "--steps", "8", "--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "5",
+        "--step-seconds", "0.02", "--crash-rank", "0", "--crash-step", "2", "--step-log", str(step_log), log=out)
+    try:
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.read_text()[-3000:]
+    assert json_result(out)["status"] == "completed"
+    started = of_type(events(run_dir, "agent-"), "attempt_started")
+    assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 1)], out.read_text()[-3000:]
+    assert max(s["step"] for s in _steps(step_log) if s["restart"] == 1) == 8

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainguard.health.host import available_memory_bytes as mem_available_bytes
-from trainguard.launch.warm import AUTO, SPARE_BUDGET_BYTES, WarmSpares, auto_count
+from trainguard.health.host import cpu_ticks, idle_cpus, usable_cpus
+from trainguard.launch import warm
+from trainguard.launch.warm import AUTO, SPARE_BUDGET_BYTES, WarmSpares, auto_count, starts_with_the_job
 from trainguard.torch_api.elastic import can_adopt
 from trainguard.worker.warm import preload_watched
 
@@ -36,11 +40,62 @@ def test_build_sizes_the_pool_or_turns_it_off(tmp_path: Path) -> None:
     assert WarmSpares.build(3, 8, False, args, tmp_path, 1.0, "n0") is None  # --no-python: nothing to load ahead
     asked = WarmSpares.build(3, 8, True, args, tmp_path, 1.0, "n0")
     assert asked is not None and asked.count == 3 and asked.eager  # a count asked for fills at once
+    assert asked.start_with_job()
     auto = WarmSpares.build(AUTO, 1, True, args, tmp_path, 1.0, "n0")
     if auto_count(1, mem_available_bytes()):
-        assert auto is not None and auto.count == 1 and not auto.eager  # filled once the attempt trains
+        # decided before the first workers start, from how idle the CPUs were since the pool was built
+        assert auto is not None and auto.count == 1 and not auto.eager and auto.since is not None
     else:
         assert auto is None
+
+
+def test_an_automatic_pool_starts_with_the_job_only_with_an_idle_cpu_for_every_worker_and_spare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert starts_with_the_job(8, 8, 111.5)  # a GPU node
+    assert starts_with_the_job(1, 1, 2.0)
+    assert starts_with_the_job(1, 1, 1.96)  # a quiet node's daemons
+    assert not starts_with_the_job(1, 1, 1.3)  # 2 CPUs at 35% busy
+    assert not starts_with_the_job(2, 2, 2.0)  # this project's CI machine, 2 ranks: after the first step
+    assert not starts_with_the_job(8, 8, 15.0)
+    assert not starts_with_the_job(1, 1, None)
+    for idle, eager in ((2.0, True), (1.2, False)):
+        pool = WarmSpares(1, ("-u", "train.py"), tmp_path, 1.0, eager=False, local_ranks=1)
+        pool.since = (0, 0)
+        monkeypatch.setattr(warm, "idle_cpus", lambda since, own_seconds, idle=idle: idle)
+        assert pool.start_with_job() is eager and pool.eager is eager
+        assert pool.since is None  # asked once
+
+
+def test_idle_cpus_from_two_samples_of_the_cpu_ticks(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n")
+    assert cpu_ticks(stat) == (850, 1000)
+    absent = tmp_path / "no-cgroup"
+    cpus = usable_cpus(absent)
+    assert cpus is not None
+    assert idle_cpus((850, 1000), (850 + 75, 1000 + 100), cgroup_cpu_max=absent) == pytest.approx(0.75 * cpus)
+    assert idle_cpus((850, 1000), (850, 1000 + 100), cgroup_cpu_max=absent) == 0.0
+    # the caller's own CPU in the interval counts as idle (the agent's start-up is no competitor of its workers)
+    own = 25 / os.sysconf("SC_CLK_TCK")
+    assert idle_cpus((850, 1000), (850 + 50, 1000 + 100), own, absent) == pytest.approx(0.75 * cpus)
+    # too short an interval to tell: the load average's complement
+    by_load = max(0.0, cpus - os.getloadavg()[0])
+    assert idle_cpus((850, 1000), (851, 1005), cgroup_cpu_max=absent) == pytest.approx(by_load, abs=0.5)
+    stat.write_text("intr 1 2 3\n")
+    assert cpu_ticks(stat) is None
+
+
+def test_usable_cpus_is_capped_by_a_cgroup_quota(tmp_path: Path) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")
+    assert usable_cpus(cpu_max) == affinity
+    cpu_max.write_text("150000 100000\n")  # a limit of 1.5 CPUs: 2 can run at once
+    assert usable_cpus(cpu_max) == min(affinity, 2)
+    cpu_max.write_text("50000 100000\n")
+    assert usable_cpus(cpu_max) == 1
+    assert usable_cpus(tmp_path / "absent") == affinity
 
 
 def test_torch_builds_worker_handles_through_the_factory_warm_starts_use() -> None:

@@ -109,6 +109,56 @@ def available_memory_bytes() -> int | None:
         return None
 
 
+def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """CPUs this process may run on: its affinity set, capped by a cgroup v2 CPU quota (a container's CPU
+    limit) when one is set; None when neither can be read."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()[:2]
+        if quota != "max" and int(period) > 0:
+            limit = max(1, -(-int(quota) // int(period)))
+            cpus = limit if cpus is None else min(cpus, limit)
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(idle, total) clock ticks of the host's CPUs so far (the ``cpu`` line of /proc/stat; idle counts
+    iowait); None when it cannot be read. Two samples give how idle the CPUs were in between (`idle_cpus`)."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu":
+            return None
+        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        return None
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def idle_cpus(since: tuple[int, int] | None, now: tuple[int, int] | None = None, own_seconds: float = 0.0,
+              cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> float | None:
+    """How many of the `usable_cpus` were idle on average since the ``since`` sample (`cpu_ticks`), the
+    caller's ``own_seconds`` of CPU in that interval counted as idle (its own work is no competitor); where the
+    interval is too short to tell (under 20 ticks) or unknown, the usable CPUs less the 1-minute load average;
+    None when neither can be read."""
+    cpus = usable_cpus(cgroup_cpu_max)
+    if cpus is None:
+        return None
+    now = now if now is not None else cpu_ticks()
+    if since is not None and now is not None and now[1] - since[1] >= 20:
+        idle = now[0] - since[0] + own_seconds * os.sysconf("SC_CLK_TCK")
+        return cpus * max(0.0, min(1.0, idle / (now[1] - since[1])))
+    try:
+        return max(0.0, cpus - os.getloadavg()[0])
+    except OSError:
+        return None
+
+
 def check_memory(config: HealthConfig) -> list[CheckResult]:
     """Enough host memory is available (low: a node short of memory is degraded, not broken)."""
     avail = available_memory_bytes()

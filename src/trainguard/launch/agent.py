@@ -280,6 +280,10 @@ class GuardAgent(ElasticAgentBase):
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.corruption.rollback()
+        if self.attempt == 0 and self.spares is not None and self.spares.start_with_job():
+            # Ahead of the workers: a spare that starts loading with them is ready before a fault in their
+            # first steps (the worker has the same imports and more to do before its first step).
+            self.spares.fill()
         warm = self._claim_spares(worker_group)
         self.open_attempt(worker_group, recovery="restart" if self.attempt > 0 else "", warm_starts=len(warm))
         self.signals.check()
