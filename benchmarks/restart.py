@@ -17,6 +17,10 @@ Sections, all in the same benchmark run, interleaved rep by rep:
   spares have loaded); fault -> first new step from the script's own step log (the same yardstick under both
   launchers); goal <= 0.5 x torchrun's. ``warm_starts`` says how many ranks of the restart were warm spares;
   ``trainguard_warm_spares_0`` is the same run with ``--warm-spares 0`` (cold interpreters), for comparison;
+  ``trainguard_spares_at_launch`` with ``--warm-spares RANKS`` (a pool that starts with the job whatever the
+  node's CPUs). Each run also gives ``launch_to_first_step_seconds`` (the launcher's start -> the first step
+  every rank completed: what a pool started with the job costs the start). With ``--ranks 1`` rank 0 crashes;
+  ``--unmodified-crash-step 2`` is a fault before an automatic pool that waits for training could be ready;
 
 * ``trainguard``: `trainguard run`, SIGKILL of rank 1, whole-process restart (trainguard/examples/train_gpt.py);
 * ``torchrun_max_restarts``: bare torchrun, the same crash;
