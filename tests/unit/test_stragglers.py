@@ -78,6 +78,17 @@ def test_clean_runs_with_ordinary_noise_flag_nothing(seed: int) -> None:
     assert analyze(no_phases, arrivals).stragglers == []
 
 
+@pytest.mark.parametrize("onset", [1, 20])
+def test_a_sub_millisecond_lead_on_tiny_steps_is_no_straggler(onset: int) -> None:
+    # A clean 2-rank CPU demo at load 8.5: 3 ms steps, rank 0 doing ~0.35 ms more of its own work each step
+    # (1.13x). Before the floor (StragglerConfig.min_lead_seconds) the onset rule named it.
+    recs, _, _ = synth(ranks=2, steps=160, own=0.0025, comm=0.0005, noise=0.01, slow={0: 1.13}, onset=onset)
+    assert analyze(recs).stragglers == []
+    # The same rank 1.3x slow on the same steps (~0.9 ms a step) is still named.
+    recs, _, _ = synth(ranks=2, steps=160, own=0.0025, comm=0.0005, noise=0.01, slow={0: 1.3}, onset=onset)
+    assert [s.rank for s in analyze(recs).stragglers] == [0]
+
+
 def test_one_noisy_step_never_flags() -> None:
     recs, _, _ = synth(noise=0.0)
     bumped = [replace(e, phases={"forward_backward": 1.0, "comm_wait": 0.0}, duration_seconds=1.0)

@@ -48,6 +48,11 @@ class StragglerConfig:
     """... and its median lead over the span exceeds this many standard errors of the step-to-step noise."""
     min_slowdown: float = 1.08
     """A step is late for a rank that held it back by at least this slowdown (1.08: 8% of the step time)."""
+    min_lead_seconds: float = 0.0005
+    """Whatever its share of the step, a rank is named only when its median lead over the others exceeds this.
+    On tiny steps one rank's own bookkeeping is a large share: a clean 2-rank CPU demo at load 8.5 (3 ms steps)
+    had rank 0 named at 1.13x for 0.35 ms of its extra work a step. No fault worth acting on costs a GPU job
+    under half a millisecond a step; a 1.3x rank of the same demo leads by ~0.9 ms and is still named."""
     steady_min_slowdown: float = 1.15
     """A rank slow from the attempt's start (no onset: `trainguard.stragglers.steady`) is named when its median lead
     over its peers makes it at least this much slower than them. Above ``min_slowdown``: a healthy 2-rank job on a
@@ -382,7 +387,8 @@ def _host_peer_late(rank: int, stretch: range, late: Sequence[Mapping[int, bool]
 def _slow_rows(n: int, ranks: list[int], lead: list[dict[int, tuple[float, float]]], late: list[dict[int, bool]],
                cfg: StragglerConfig) -> list[dict[int, bool]]:
     """slow[i][r]: over the span of steps ending at row i, rank r was late often enough, in every window, and its
-    median lead stands out of the noise (standard error of a median: 1.25 sigma / sqrt(n))."""
+    median lead stands out of the noise (standard error of a median: 1.25 sigma / sqrt(n)) and exceeds
+    ``min_lead_seconds``."""
     w, span = cfg.window_steps, cfg.window_steps * cfg.windows
     slow: list[dict[int, bool]] = []
     for i in range(n):
@@ -390,7 +396,8 @@ def _slow_rows(n: int, ranks: list[int], lead: list[dict[int, tuple[float, float
             slow.append(dict.fromkeys(ranks, False))
             continue
         steps = range(i - span + 1, i + 1)
-        bar = cfg.noise_sigmas * 1.2533 * _pooled_sigma(ranks, lead, steps) / math.sqrt(span)
+        bar = max(cfg.noise_sigmas * 1.2533 * _pooled_sigma(ranks, lead, steps) / math.sqrt(span),
+                  cfg.min_lead_seconds)
         row: dict[int, bool] = {}
         for r in ranks:
             flags = [late[k].get(r, False) for k in steps]

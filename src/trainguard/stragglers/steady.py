@@ -93,7 +93,8 @@ def _first_prefix(shares: Sequence[float], leads: Sequence[float], late_windows:
         sigmas = cfg.steady_noise_sigmas if windows <= cfg.steady_windows else cfg.steady_settled_sigmas
         if (all(late_windows[:cfg.steady_windows]) and sum(late_windows[:windows]) >= cfg.late_fraction * windows
                 and _sorted_median(sorted_shares) > share_bar
-                and _sorted_median(sorted_leads) > sigmas * 1.2533 * noise.sigma(m) / math.sqrt(m)):
+                and _sorted_median(sorted_leads) > max(sigmas * 1.2533 * noise.sigma(m) / math.sqrt(m),
+                                                       cfg.min_lead_seconds)):
             return i
     return None
 
