@@ -103,3 +103,35 @@ def test_single_file_and_json_dumps(tmp_path: Path) -> None:
     assert rep.verdict == "mismatch" and rep.culprit_ranks == (0,)
     one = diagnose_path(tmp_path / "nccl_trace_rank_1.json")
     assert one.ranks_analyzed == (1,)
+
+
+REAL = Path(__file__).parent / "corpus" / "real"
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    # real logs of the corpus's development half (tests/unit/corpus/real/manifest.toml)
+    ("desync-logdict-lightning-19106", ["Software Bug", "Detected mismatch between collectives on ranks"]),
+    ("rank0-only-barrier-autocast-381", ["Software Bug", "rank-local work before a collective",
+                                         "`Trainer.fit` stopped"]),
+])
+def test_without_dumps_the_text_logs_are_read(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str,
+                                              says: list[str]) -> None:
+    (tmp_path / f"{case}.log").write_bytes((REAL / f"{case}.log").read_bytes())
+    assert main(["diagnose", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path}: no flight-recorder dumps") and "from the text logs there" in out
+    assert all(s in out for s in says), out
+    assert main(["diagnose", str(tmp_path / f"{case}.log"), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"source", "path", "no_dumps", "classification"} and doc["source"] == "text-logs"
+    assert doc["classification"]["category"] == "Software Bug" and "no rank in the file name" in doc["no_dumps"]
+
+
+def test_without_dumps_or_a_cause_in_the_text_the_missing_dumps_are_the_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "rank-0.log").write_text("epoch 1 loss 2.3\nepoch 2 loss 2.1\n")
+    assert main(["diagnose", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert "no flight-recorder dumps" in err and "its text logs name no cause either" in err
+    assert len(err.strip().splitlines()) == 1

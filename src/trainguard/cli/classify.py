@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "localization can name a leaf switch or cable (docs/classify.md)")
 
 
-def _render(c: Classification) -> str:
+def render_classification(c: Classification) -> str:
+    """One classification as the terminal shows it (also `trainguard diagnose` on text logs)."""
     lines = [f"{c.source}: {c.category} ({c.group}), confidence {c.confidence:.2f}"]
     suspect = [f"host {c.host}" if c.host else "", f"GPU {c.gpu}" if c.gpu else "",
                f"device {c.device}" if c.device and c.device != c.gpu else ""]
@@ -80,5 +81,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([c.to_json() for c in results])
     else:
-        print_text("\n\n".join(_render(c) for c in results))
+        print_text("\n\n".join(render_classification(c) for c in results))
     return 0

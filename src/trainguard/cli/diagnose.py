@@ -1,10 +1,15 @@
-"""``trainguard diagnose``: which rank and host hung or diverged, from flight-recorder dumps."""
+"""``trainguard diagnose``: which rank and host hung or diverged, from flight-recorder dumps (from the ranks' text
+logs where there are none)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from trainguard.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from trainguard.errors import EXIT_FAILURE, EXIT_OK, InputError, UsageError
+
+if TYPE_CHECKING:
+    from trainguard.localize.diagnose import NoDumpsError
 
 HELP = "localize a hang or desync from flight-recorder dumps (which rank, which host, what)"
 
@@ -12,7 +17,8 @@ HELP = "localize a hang or desync from flight-recorder dumps (which rank, which 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH",
                         help="directory of dumps (rank = trailing number of the file name), one dump, "
-                             "a run directory or its diagnostics/attempt-<k>/")
+                             "a run directory or its diagnostics/attempt-<k>/; without dumps, the ranks' text "
+                             "logs there")
     parser.add_argument("--json", action="store_true", help="print one JSON document (schema: docs/localize.md)")
     parser.add_argument("--rank-map", metavar="FILE",
                         help='JSON file {"<rank>": "<host>"} (default: from the run\'s events, if any)')
@@ -24,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainguard.cli.output import Progress, print_json, print_text
     from trainguard.localize import diagnose_path, load_rank_map, render_text
+    from trainguard.localize.diagnose import NoDumpsError
     from trainguard.localize.reader import MAX_RANK
 
     if args.world_size < 0 or args.world_size > MAX_RANK + 1:
@@ -38,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = diagnose_path(args.path, hosts, world_size=args.world_size, progress=progress)
+    except NoDumpsError as exc:
+        return _from_text_logs(args, exc)
     finally:
         for bar in bars:
             bar.close()
@@ -48,3 +57,26 @@ def run(args: argparse.Namespace) -> int:
     # "incomplete" (a rank could not be read) and "insufficient-evidence" (the dumps lack records that
     # could show a problem) are never success: health was not established
     return EXIT_OK if report.verdict == "healthy" else EXIT_FAILURE
+
+
+def _from_text_logs(args: argparse.Namespace, no_dumps: NoDumpsError) -> int:
+    """No dump in PATH: its text logs, read as `trainguard classify` reads them. Its cross-rank analyses name a
+    desync's ranks and collectives from the watchdog lines, or the rank still busy with its own work while the
+    others timed out. Without a cause in them either, the missing dumps stay the error (exit 3)."""
+    from trainguard.classify import UNKNOWN, classify_paths
+    from trainguard.cli.classify import render_classification
+    from trainguard.cli.output import print_json, print_text
+
+    try:
+        [found] = classify_paths([args.path])
+    except InputError:
+        raise no_dumps from None
+    if found.category == UNKNOWN:
+        raise InputError(f"{no_dumps}; its text logs name no cause either ({found.explanation})")
+    if args.json:
+        print_json({"source": "text-logs", "path": args.path, "no_dumps": str(no_dumps),
+                    "classification": found.to_json()})
+    else:
+        print_text(f"{no_dumps}\nfrom the text logs there (as `trainguard classify` reads them):\n"
+                   + render_classification(found))
+    return EXIT_FAILURE

@@ -346,6 +346,10 @@ def _read_all(files: dict[int, list[Path]], progress: Callable[[int, int], None]
             progress(done, total)
 
 
+class NoDumpsError(InputError):
+    """The path holds no flight-recorder dump (the CLI then reads its text logs instead)."""
+
+
 def diagnose_path(
     path: str | Path,
     rank_hosts: dict[int, str] | None = None,
@@ -357,7 +361,8 @@ def diagnose_path(
 
     ``path``: a directory of dumps (rank = the file name's trailing number), one dump file, a run
     directory (its newest ``diagnostics/attempt-<k>/`` with dumps) or such an attempt directory. Hosts
-    come from ``rank_hosts``, else from the run's events. Raises `InputError` when nothing is readable.
+    come from ``rank_hosts``, else from the run's events. Raises `InputError` when nothing is readable,
+    `NoDumpsError` when ``path`` holds no dump at all.
     """
     p = Path(path)
     if not os.path.lexists(p):
@@ -366,7 +371,7 @@ def diagnose_path(
     if not p.is_dir():
         rank = rank_from_name(p.name)
         if rank is None:
-            raise InputError(f"{p}: no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
+            raise NoDumpsError(f"{p}: no rank in the file name (expected a trailing number, e.g. fr_trace_rank_3)")
         try:
             check_rank(rank, "the file name")
         except DumpError as exc:
@@ -382,7 +387,7 @@ def diagnose_path(
         warnings.extend(FileWarning(name, reason) for name, reason in refused[:_MAX_RANK_WARNINGS])
         if not files:
             why = f" ({refused[0][0]}: {refused[0][1]})" if refused else ""
-            raise InputError(f"{directory}: no flight-recorder dumps (expected files named <prefix><rank>, "
+            raise NoDumpsError(f"{directory}: no flight-recorder dumps (expected files named <prefix><rank>, "
                              f"e.g. fr_trace_rank_0.pkl){why}")
     hosts: dict[int, str] = {}
     if root is not None:
