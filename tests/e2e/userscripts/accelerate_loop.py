@@ -3,7 +3,8 @@
 It follows Accelerate's checkpointing example (examples/by_feature/checkpointing.py): every ``--ckpt-every``
 steps ``accelerator.save_state(<ckpt-dir>/step_<N>)``; on start the newest ``step_<N>`` folder is restored
 with ``accelerator.load_state`` and training resumes after step N, the dataloader skipping the batches already
-seen. ``--timing-log`` appends the script's own timing of each save and load (wall clock) to ``FILE.<rank>``.
+seen. ``--timing-log`` appends the script's own timing of each save and load, and the end of the first step this
+process completed (wall clock), to ``FILE.<rank>``.
 
     torchrun --nproc-per-node 2 accelerate_loop.py --steps 30 --ckpt-dir ckpt --ckpt-every 10
 """
@@ -36,6 +37,7 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.1)
     p.add_argument("--timing-log", default="")
     args = p.parse_args()
+    start = time.time()
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(),
@@ -61,6 +63,7 @@ def main() -> None:
         log_timing(accelerator, args.timing_log, "load", overall_step, t0, time.time())
         batches = accelerator.skip_first_batches(data, overall_step)
     model.train()
+    first_logged = False
     for inputs, targets in batches:
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         accelerator.backward(loss)
@@ -68,6 +71,9 @@ def main() -> None:
         optimizer.zero_grad()
         time.sleep(args.step_seconds)
         overall_step += 1
+        if not first_logged:  # the first step this process completed: step 1, or the first after a resume
+            first_logged = True
+            log_timing(accelerator, args.timing_log, "first_step", overall_step, start, time.time())
         if overall_step % args.ckpt_every == 0:
             t0 = time.time()
             accelerator.save_state(os.path.join(args.ckpt_dir, f"step_{overall_step}"))

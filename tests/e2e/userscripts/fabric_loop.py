@@ -4,7 +4,8 @@ It follows Fabric's documented checkpointing: the state is ``{"model", "optimize
 ``fabric.save(path, state)`` every ``--ckpt-every`` steps to ``checkpoint.ckpt`` and restored in place with
 ``fabric.load(path, state)``. ``--optimizer sgd`` uses plain SGD, which keeps no step count. At the end rank 0
 exports the model's weights with ``torch.save`` (``model_final.pt``). ``--timing-log`` appends the script's own
-timing of each save and load, and the end of its first step (wall clock), to ``FILE.<rank>``.
+timing of each save and load, and the end of the first step this process completed (wall clock), to
+``FILE.<rank>``.
 
     torchrun --nproc-per-node 2 fabric_loop.py --steps 30 --ckpt-dir ckpt --ckpt-every 10
 """
@@ -58,6 +59,7 @@ def main() -> None:
         log_timing(fabric, args.timing_log, "load", state["step"], t0, time.time())
         fabric.print(f"resumed from step {state['step']}")
     gen = torch.Generator().manual_seed(1234 + fabric.global_rank)
+    first_logged = False
     while state["step"] < args.steps:
         x = torch.randn(32, 16, generator=gen)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
@@ -66,8 +68,9 @@ def main() -> None:
         optimizer.step()
         time.sleep(args.step_seconds)
         state["step"] += 1
-        if state["step"] == 1:
-            log_timing(fabric, args.timing_log, "first_step", 1, start, time.time())
+        if not first_logged:  # the first step this process completed: step 1, or the first after a resume
+            first_logged = True
+            log_timing(fabric, args.timing_log, "first_step", state["step"], start, time.time())
         if state["step"] % args.ckpt_every == 0:
             t0 = time.time()
             fabric.save(path, state)
