@@ -23,7 +23,7 @@ _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*|-[a-z](?![\w-]))")
 # Flags docs/run.md shows that are not trainguard's: the training scripts' own, Python's, a benchmark's.
 # scripts', benchmarks' and python's own flags
 _NOT_OURS = {"--lr", "--save_only_model", "-u", "-c", "--reps", "--only-unmodified", "--burn", "--only",
-             "--skip-real"}
+             "--skip-real", "--unmodified-crash-step"}
 
 
 def _parser(module: object) -> argparse.ArgumentParser:
