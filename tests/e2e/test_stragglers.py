@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from tests.e2e._run_helpers import ROOT, TINY_DEMO, events, of_type, trainguard
+from trainguard.chaos.faults import paused_path
+from trainguard.core.protocol import RunLayout
 
 PLAIN_DDP = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 STEPS = 90
@@ -31,11 +33,6 @@ def _stragglers(run_dir: Path) -> dict[str, Any]:
     return doc
 
 
-def _job_seconds(run_dir: Path) -> float:
-    """Sum of rank 0's step durations after the first (start-up) step: the job's measured training time."""
-    return sum(s["duration_seconds"] for s in of_type(events(run_dir, "rank-0"), "step_completed") if s["step"] > 1)
-
-
 @pytest.mark.slow
 def test_unmodified_script_slow_rank_is_named_with_a_cost_close_to_the_measured_loss(tmp_path: Path) -> None:
     _plain(tmp_path / "slow", "slow@step=5,rank=1,factor=1.3")
@@ -49,9 +46,11 @@ def test_unmodified_script_slow_rank_is_named_with_a_cost_close_to_the_measured_
     # span is five windows of eight steps: docs/stragglers.md).
     assert first["detected_step"] <= 6 + 45
     assert first["slowdown"] == pytest.approx(1.3, abs=0.1)
-    measured = _job_seconds(tmp_path / "slow") - _job_seconds(tmp_path / "clean")
-    assert measured > 0.3
-    assert first["cost_seconds"] == pytest.approx(measured, rel=0.25), (first, measured)
+    # The loss is what the fault paused rank 1 (the others wait for it at every step), counted in the same run:
+    # two runs' durations differ by more than that at load (a CI run at load 6-7 failed that comparison).
+    injected = float(paused_path(RunLayout(tmp_path / "slow").chaos_dir, 1).read_text())
+    assert injected > 0.3
+    assert first["cost_seconds"] == pytest.approx(injected, rel=0.25), (first, injected)
     assert slow["step_time_without"]["1"] < slow["step_time_seconds"]
     # The supervisor named it live and recorded the policy it applied.
     live = of_type(events(tmp_path / "slow", "agent-"), "straggler_detected")

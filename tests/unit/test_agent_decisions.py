@@ -25,6 +25,7 @@ from trainguard.core.eventlog import iter_events
 from trainguard.core.events import AttemptEnded, AttemptStarted, FailureDetected, InProcessRecovery
 from trainguard.launch.agent import GuardAgent
 from trainguard.launch.config import SupervisorConfig
+from trainguard.launch.failures import FailureRecorder
 from trainguard.launch.watchdog import Verdict
 from trainguard.sdc import verdict as sdc
 
@@ -68,6 +69,9 @@ class Agent(GuardAgent):
 
     def torch_monitor(self, worker_group: WorkerGroup) -> RunResult:
         return self.base_rounds.pop(0) if self.base_rounds else RunResult(state=WorkerState.HEALTHY)
+
+    def torch_restart_workers(self, worker_group: WorkerGroup) -> None:
+        self.torch_restarts = getattr(self, "torch_restarts", 0) + 1
 
 
 class NoRendezvous:
@@ -224,3 +228,58 @@ def test_a_hang_under_in_process_kills_and_replaces_the_blamed_rank(make_agent: 
     assert agent.inprocess is not None and agent.inprocess.pending is not None
     assert agent.inprocess.pending.kind == "hang" and agent.inprocess.pending.ranks == (1,)
     assert [(e.kind, e.ranks) for e in _events(agent) if isinstance(e, FailureDetected)] == [("hang", (1,))]
+
+
+@pytest.fixture
+def store() -> Any:
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+
+
+def _peer(agent: Agent, store: Any) -> FailureRecorder:
+    """Another node's recorder over the same store (the job's secret: the same signer)."""
+    return FailureRecorder(agent.cfg, lambda e: None, lambda: store, agent.signer)
+
+
+def test_a_restart_for_a_node_waiting_to_join_is_planned_and_told_to_the_peers(make_agent: Any, store: Any) -> None:
+    # Before, torch's membership change (a node waits to join: no worker failed) closed the attempt as a failure
+    # and the peers were told nothing.
+    agent, wg, _ = make_agent(SLEEP, max_restarts=2)
+    agent.recorder.store = lambda: store
+    agent.on_restart_workers(wg, counted=False)
+    assert agent.torch_restarts == 1
+    assert [e.reason for e in _events(agent) if isinstance(e, AttemptEnded)] == ["planned"]
+    assert _peer(agent, store).rejoin_announced(0) == "a node waits to join the job"
+    assert _peer(agent, store).rejoin_announced(1) is None
+    assert agent.restarts_left() == 2
+
+
+def test_a_peer_whose_own_failure_is_claimed_makes_the_restart_a_failure(make_agent: Any, store: Any) -> None:
+    # The node waiting to join is the peer back after its failure: that failure's restart, nothing planned.
+    agent, wg, _ = make_agent(SLEEP, max_restarts=2)
+    agent.recorder.store = lambda: store
+    assert _peer(agent, store).claim(0)
+    agent.on_restart_workers(wg, counted=False)
+    assert [e.reason for e in _events(agent) if isinstance(e, AttemptEnded)] == ["failure"]
+    assert _peer(agent, store).rejoin_announced(0) is None
+
+
+def test_an_error_exit_after_a_peer_restarted_for_a_joining_node_is_no_failure(make_agent: Any, store: Any) -> None:
+    # Found in CI: a node joined, one agent restarted its round at once, and the other's worker failed on the
+    # closed connection before that agent's next read of the rendezvous state (up to a second later): it was
+    # recorded as a failure (kind "exit") and charged a restart.
+    agent, wg, workers = make_agent(SLEEP, FAIL, max_restarts=2)
+    wg.group_world_size = 2
+    agent.recorder.store = lambda: store
+    assert _peer(agent, store).announce_rejoin(0, "a node waits to join the job")
+    _wait_exited(workers, 1)
+    agent.base_rounds.append(RunResult(state=WorkerState.FAILED))
+    assert agent.on_monitor(wg).state == WorkerState.FAILED
+    assert workers._procs[0].poll() is not None  # the other worker stopped for the restart
+    events = _events(agent)
+    assert not [e for e in events if isinstance(e, FailureDetected)]
+    assert [e.reason for e in events if isinstance(e, AttemptEnded)] == ["planned"]
+    assert agent.restarts_left() == 3  # given back here; torch's loop charges the restart it makes next

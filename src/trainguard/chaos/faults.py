@@ -174,6 +174,7 @@ class Injector:
         self._last_step_seconds = 0.0
         self._last_start_mono: float | None = None
         self._last_pause = 0.0
+        self._paused_total = 0.0
 
     def _claim(self, fault: Fault) -> bool:
         """True if this fault should fire now; writes its marker so it never fires again."""
@@ -212,10 +213,23 @@ class Injector:
                     else self._last_step_seconds)
             self._last_pause = max(0.0, base) * (self._slow_factor - 1.0)
             time.sleep(self._last_pause)
+            self._paused_total += self._last_pause
+            self._write_paused()
         self._last_start_mono = now
         for fault in self.faults:
             if fault.step is not None and step >= fault.step and self._claim(fault):
                 self._fire(fault, step)
+
+    def _write_paused(self) -> None:
+        """The seconds ``slow`` has paused this rank so far, in `paused_path` (the injected loss a straggler's
+        named cost is compared with, in the same run)."""
+        path = paused_path(self.marker_dir, self.rank)
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(f"{self._paused_total:.6f}\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.debug("chaos: cannot write %s (%s)", path, exc)
 
     def _fire(self, fault: Fault, step: int) -> None:
         log.warning("chaos: firing %s at step %d on rank %d", fault.to_spec(), step, self.rank)
@@ -254,6 +268,11 @@ class Injector:
     def needs_chaos_group(faults: list[Fault]) -> bool:
         """Whether every rank must create the extra group hang-in-collective blocks in."""
         return any(f.kind == "hang-in-collective" for f in faults)
+
+
+def paused_path(marker_dir: Path, rank: int) -> Path:
+    """Where a ``slow`` fault keeps the seconds it has paused ``rank`` (a number, rewritten at every step)."""
+    return marker_dir / f"slow-paused-rank-{rank}"
 
 
 AUTO_KINDS = ("crash", "exit", "hang", "slow", "desync", "sdc")

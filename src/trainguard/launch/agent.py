@@ -457,9 +457,15 @@ class GuardAgent(ElasticAgentBase):
     def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
         codes, ev, wall, mono = self._exit_evidence(wg, result)
         failed = sorted(codes)
+        echo = self._may_echo(codes, wg)
+        if echo and blame.crash_culprits(codes)[1] == "exit":
+            time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         beats = self._read_beats(wg)
-        left = self.watch.planned_leave(self.attempt)
-        if left is not None:  # a node left for a waiting spare (restart-now): a planned restart, no failure
+        # A node left for a waiting spare (restart-now), or a peer restarted the round for a node waiting to
+        # join: our workers failed because theirs stopped. A planned restart, no failure (and no retry spent).
+        left = self.watch.planned_leave(self.attempt) or (self.recorder.rejoin_announced(self.attempt) if echo
+                                                           else None)
+        if left is not None:
             self.close_attempt("planned", None)
             self.ledger.decide(attempts.StragglerLeave(left, this_node=False))
             return result
@@ -475,9 +481,7 @@ class GuardAgent(ElasticAgentBase):
                      mono: float, step: int | None) -> bool:
         """Write the failure records of workers that exited; True when they were the echo of a lost node."""
         culprits, kind = blame.crash_culprits(codes)
-        if kind == "exit" and wg.group_world_size and wg.group_world_size > 1:
-            time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
-        lost = self._lost_behind(codes, kind, wg, mono)
+        lost = self._lost_behind(codes, wg, mono)
         if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
             self.recorder.record_node_lost(self.attempt, lost, time.time(), step)
         elif self.recorder.claim(self.attempt):
@@ -562,11 +566,17 @@ class GuardAgent(ElasticAgentBase):
             return []
         return self.peers.poll(self.attempt, self._job_world_size(), mono)
 
-    def _lost_behind(self, codes: dict[int, int], kind: str, wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
+    @staticmethod
+    def _may_echo(codes: dict[int, int], wg: WorkerGroup) -> bool:
+        """Whether local ranks' ends may be the echo of something on another node: error exits (or aborts, as
+        gloo and NCCL do when a peer's connection resets) in a job of several nodes."""
+        quiet = blame.crash_culprits(codes)[1] == "exit" or all(c == -signal.SIGABRT for c in codes.values())
+        return quiet and bool(wg.group_world_size) and (wg.group_world_size or 0) > 1
+
+    def _lost_behind(self, codes: dict[int, int], wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
         """Whether local ranks failed because a peer node died: their error exits (or aborts) are then an echo.
         Waits until every peer beat again after the failure, or one is lost (bounded: `PeerWatch.settle`)."""
-        echo = kind == "exit" or all(c == -signal.SIGABRT for c in codes.values())
-        if not echo or not wg.group_world_size or wg.group_world_size < 2:
+        if not self._may_echo(codes, wg):
             return []
         return self.peers.settle(self.attempt, self._job_world_size(), mono)
 
@@ -616,9 +626,13 @@ class GuardAgent(ElasticAgentBase):
 
     def on_restart_workers(self, worker_group: WorkerGroup, counted: bool) -> None:
         self.ledger.torch_restarted(counted)
-        # A peer node failed, or left for a waiting spare (straggler restart-now): this attempt ends here too.
-        planned = not self._attempt_closed and self.watch.planned_leave(self.attempt) is not None
-        self.close_attempt("planned" if planned else "failure", None)
+        if not self._attempt_closed:
+            # No worker of ours failed: a node waits to join. A peer that failed (its failure is claimed), one
+            # that left for a waiting spare (straggler restart-now), or a new node (told to the peers first,
+            # before our workers stop: theirs then fail, and that is this planned restart).
+            planned = self.watch.planned_leave(self.attempt) is not None or (
+                not counted and self.recorder.announce_rejoin(self.attempt, "a node waits to join the job"))
+            self.close_attempt("planned" if planned else "failure", None)
         self.torch_restart_workers(worker_group)
 
     # --- stopping -------------------------------------------------------------------------------

@@ -198,10 +198,49 @@ class FailureRecorder:
         if store is None:
             return True
         try:
-            key = self.signer.claim_key(f"trainguard/{self.cfg.run_id}/failure/{attempt}")
-            return int(store.add(key, 1)) == 1  # add, not compare_set: etcd's store has only add
+            return int(store.add(self._claim_key(attempt), 1)) == 1  # add, not compare_set: etcd's store has only add
         except Exception:
             return True
+
+    def _claim_key(self, attempt: int) -> str:
+        return self.signer.claim_key(f"trainguard/{self.cfg.run_id}/failure/{attempt}")
+
+    def _rejoin_key(self, attempt: int) -> str:
+        return f"trainguard/{self.cfg.run_id}/membership/{attempt}"
+
+    def announce_rejoin(self, attempt: int, reason: str) -> bool:
+        """This node restarts ``attempt`` because a node waits to join (torch's membership change): told to the
+        peers before our workers stop, so that theirs failing for it is no failure. False when a peer already
+        claimed the attempt's failure (the waiting node is that peer, back after its own failure) or the store
+        cannot be written: then the restart is that failure's."""
+        store = self.store()
+        if store is None:
+            return False
+        try:
+            if store.check([self._claim_key(attempt)]):
+                return False
+            key = self._rejoin_key(attempt)
+            store.set(key, self.signer.sign(key, {"reason": reason}))
+            return True
+        except Exception as exc:  # the store going away: the restart is counted as before
+            log.debug("membership change of attempt %d not announced: %s", attempt, exc)
+            return False
+
+    def rejoin_announced(self, attempt: int) -> str | None:
+        """Why a peer restarted ``attempt`` for a node waiting to join (`announce_rejoin`), or None."""
+        store = self.store()
+        if store is None:
+            return None
+        key = self._rejoin_key(attempt)
+        try:
+            if not store.check([key]):
+                return None
+            raw = bytes(store.get(key))
+        except Exception as exc:
+            log.debug("membership announcement of attempt %d unreadable: %s", attempt, exc)
+            return None
+        fields = self.signer.verify(key, raw, ("reason",))
+        return fields["reason"] if fields is not None else None
 
     def add(self, failure: FailureDetected, *others: Event) -> None:
         """Keep ``failure`` and write it and the records that go with it."""
