@@ -59,13 +59,15 @@ from benchmarks.peers_summary import crash_gap, nvrx_detections, spread, table  
 PLAIN = ROOT / "tests" / "e2e" / "unmodified" / "plain_ddp.py"
 NVRX_SCRIPT = ROOT / "benchmarks" / "peers_scripts" / "plain_ddp_nvrx_heartbeats.py"
 TORCHFT_SCRIPT = ROOT / "benchmarks" / "peers_scripts" / "plain_ddp_torchft.py"
+REPLICA_SCRIPT = ROOT / "benchmarks" / "peers_scripts" / "plain_ddp_replica.py"
 BIN = Path(sys.executable).parent
-SYSTEMS = ("torchrun", "nvrx", "nvrx_heartbeats", "torchft", "trainguard")
+SYSTEMS = ("torchrun", "nvrx", "nvrx_heartbeats", "torchft", "trainguard", "trainguard_heal")
 FAULTS = ("crash_early", "crash_mid", "hang")
 LABELS = {"torchrun": "torchrun {torch}", "nvrx": "nvidia-resiliency-ext {nvrx} `ft_launcher`, unmodified script",
           "nvrx_heartbeats": "nvidia-resiliency-ext {nvrx}, heartbeat client in the script",
           "torchft": "torchft {torchft} (script rewritten for it, 2 replica groups)",
-          "trainguard": "trainguard {trainguard} `run` defaults, unmodified script"}
+          "trainguard": "trainguard {trainguard} `run` defaults, unmodified script",
+          "trainguard_heal": "trainguard {trainguard} `run --in-process`, script rewritten for `Replica` (live heal)"}
 # NVRx's heartbeat example config: no preset timeouts, so the script's computed ones are the only ones
 NVRX_CFG = "fault_tolerance:\n  initial_rank_heartbeat_timeout: null\n  rank_heartbeat_timeout: null\n"
 
@@ -159,6 +161,10 @@ def launch(system: str, job: Job, steps: int, crash_step: int) -> None:
             job.start(f"group{group}", [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                         "--nproc-per-node", "1", "--max-restarts", "1",
                                         *_script_args(job, steps, crash_step, TORCHFT_SCRIPT)], env)
+    elif system == "trainguard_heal":
+        job.start("trainguard", [sys.executable, "-m", "trainguard", "run", "--nproc-per-node", "2", "--run-dir",
+                                 str(job.run_dir / "run"), "--max-restarts", "1", "--in-process", "--",
+                                 *_script_args(job, steps, crash_step, REPLICA_SCRIPT)], _env())
     elif system == "trainguard":
         job.start("trainguard", [sys.executable, "-m", "trainguard", "run", "--nproc-per-node", "2", "--run-dir",
                                  str(job.run_dir / "run"), "--max-restarts", "1", "--",
@@ -175,12 +181,13 @@ def _step_lines(job: Job) -> list[dict[str, Any]]:
 def crash_run(system: str, job: Job, step: int) -> dict[str, Any]:
     launch(system, job, step + 20, step)
     job.wait(600)
-    gap = crash_gap(_step_lines(job), 1, step, (0,) if system == "torchft" else ())
+    # torchft's survivor and trainguard_heal's keep their processes through the fault
+    gap = crash_gap(_step_lines(job), 1, step, (0,) if system in ("torchft", "trainguard_heal") else ())
     out: dict[str, Any] = {"first_new_step_seconds": round(gap.first_new_step_seconds, 3),
                            "exit_codes": [p.returncode for p in job.procs]}
     if gap.survivor_stall_seconds is not None:
         out["survivor_stall_seconds"] = round(gap.survivor_stall_seconds, 3)
-    if system == "trainguard":
+    if system.startswith("trainguard"):
         started = [e for e in _events(job.run_dir / "run", "agent-") if e["type"] == "attempt_started"]
         out["warm_starts"] = sum(e.get("warm_starts", 0) for e in started if e["attempt"] == 1)
     return out
@@ -212,7 +219,7 @@ def _gone(pid: int) -> bool:
 
 def _detection(system: str, job: Job, fault: float) -> tuple[float | None, bool | None]:
     """(when the system detected the hang, whether it named rank 1 first); (None, None) while it has not."""
-    if system == "trainguard":
+    if system.startswith("trainguard"):
         failure = _failure(job.run_dir / "run")
         return (failure["time"], culprit_right(job.run_dir / "run", failure, 1)) if failure else (None, None)
     if system.startswith("nvrx"):

@@ -2,10 +2,10 @@
 
 The public API is what this module exports; a training script needs only ``trainguard.attach``,
 ``trainguard.Checkpointer``, ``trainguard.CheckpointConfig``, ``trainguard.IntervalPolicy`` and
-``trainguard.pg_timeout`` (docs/worker.md), and ``trainguard.restartable`` for in-process restart
-(docs/run.md). Every name is imported on first use: the automatic instrumentation imports parts of
-this package into every worker when torch loads, so ``import trainguard`` itself must cost next to
-nothing (and nothing here may import torch).
+``trainguard.pg_timeout`` (docs/worker.md), and ``trainguard.restartable`` for in-process restart, with
+``trainguard.Replica`` to heal new ranks from a live peer (docs/run.md). Every name is imported on first use:
+the automatic instrumentation imports parts of this package into every worker when torch loads, so
+``import trainguard`` itself must cost next to nothing (and nothing here may import torch).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from trainguard.localize import LocalizationReport, diagnose_path
     from trainguard.worker import StepContext, Worker, attach, pg_timeout
     from trainguard.worker.inprocess import restartable
+    from trainguard.worker.replica import Replica
 
 __version__ = "0.1.0"
 
@@ -59,6 +60,7 @@ _LAZY: dict[str, str] = {
     "Worker": "trainguard.worker",
     "StepContext": "trainguard.worker",
     "restartable": "trainguard.worker.inprocess",
+    "Replica": "trainguard.worker.replica",
     "Checkpointer": "trainguard.checkpoint",
     "CheckpointConfig": "trainguard.checkpoint",
     "CheckpointError": "trainguard.errors",
@@ -85,6 +87,7 @@ __all__ = [
     "InputError",
     "IntervalPolicy",
     "LocalizationReport",
+    "Replica",
     "RunDir",
     "SchemaVersionError",
     "StepContext",

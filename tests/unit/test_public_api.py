@@ -16,7 +16,8 @@ from trainguard.core.events import CheckpointLoaded, CheckpointSaveFinished, Ste
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"
-IN_SCRIPT = {"attach", "Checkpointer", "CheckpointConfig", "IntervalPolicy", "pg_timeout", "Worker", "restartable"}
+IN_SCRIPT = {"attach", "Checkpointer", "CheckpointConfig", "IntervalPolicy", "pg_timeout", "Worker", "restartable",
+             "Replica"}
 
 
 def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
