@@ -150,6 +150,11 @@ class InProcessRestarts:
         agent.open_attempt(wg, recovery="in-process")
         warm = sum(self._replace(workers, wg, local[rank], env) for rank in dead)
         _link_logs(agent, workers, wg)
+        # How many keep their processes: a script with a `trainguard.Replica` trains on with them until the new
+        # processes arrive (`trainguard.worker.inprocess`).
+        world = wg.workers[0].world_size if wg.workers else len(local)
+        self.store.set(self.keys.key(decision.attempt, "survivors"), self.keys.seal(
+            decision.attempt, "survivors", str(max(0, world - len(dead)))))
         self.store.set(self.keys.key(decision.previous, "next"),  # the survivors go
                        self.keys.seal(decision.previous, "next", str(decision.attempt)))
         now = time.monotonic()

@@ -40,6 +40,54 @@ class InProcessGaveUp(RuntimeError):
     """The agent started no new attempt within the timeout after a peer failure; the rank exits."""
 
 
+class RegroupNow(BaseException):
+    """Raised from `trainguard.Replica.completed` in the survivors' interim group once the new ranks have arrived:
+    the wrapper ends the interim group and forms the whole one. A BaseException, so that a loop's own
+    ``except Exception`` does not swallow it."""
+
+
+class _Interim:
+    """The survivors' group while the failed ranks' new processes start: its leader reads how many arrived."""
+
+    def __init__(self, store: Any, arrived_key: str, new_ranks: int, leader: bool, device: Any) -> None:
+        self.store = store
+        self.arrived_key = arrived_key
+        self.new_ranks = new_ranks
+        self.leader = leader
+        self.device = device
+        self.steps = 0
+
+    def due(self) -> bool:
+        """Collective over the interim group: whether every new process has arrived (the leader's read, sent to
+        all, so that every survivor leaves at the same step)."""
+        import torch
+        import torch.distributed as dist
+
+        self.steps += 1
+        flag = torch.zeros(1, device=self.device)
+        if self.leader:
+            flag[0] = float(int(self.store.add(self.arrived_key, 0)) >= self.new_ranks)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item() > 0)
+
+
+_INTERIM: _Interim | None = None
+"""Set while this process trains in the survivors' interim group."""
+_REPLICA_IN_USE = False
+"""A `trainguard.Replica` marked a completed step in this process: the script can train on without the failed
+ranks and heal them when they arrive."""
+
+
+def note_replica_step(keep_training: bool) -> None:
+    """Called by `trainguard.Replica.completed` after each step: in the interim group, `RegroupNow` once the new
+    ranks are there. ``keep_training``: the replica wants the survivors to train on after a failure."""
+    global _REPLICA_IN_USE
+    _REPLICA_IN_USE = keep_training
+    interim = _INTERIM
+    if interim is not None and interim.due():
+        raise RegroupNow()
+
+
 class SignedKeys:
     """The in-process store's keys, bound to the job secret: each key's name carries a tag only holders of
     the secret can compute (so nobody else can write it), and each value carries an HMAC (so a value that
@@ -197,6 +245,12 @@ def _enter_attempt(store: Any, keys: SignedKeys, attempt: int, deadline: float) 
     if not isinstance(updates, dict):
         raise InProcessGaveUp(f"attempt {attempt}'s environment is not a JSON object")
     os.environ.update({k: str(v) for k, v in updates.items() if k in protocol.INPROCESS_ATTEMPT_ENV})
+    _fresh_runtime()
+
+
+def _fresh_runtime() -> None:
+    """Close this process's trainguard runtime and its SDC check: the function's next ``attach()`` starts them
+    anew, as in a new process (whose step counters, and the collectives they time, the others' must match)."""
     from trainguard.worker import runtime
 
     rt = runtime.current()
@@ -283,6 +337,8 @@ class _Restarter:
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         attempt = self.settings.attempt
+        if attempt > 0:  # a failed rank's new process: the survivors training meanwhile wait for this
+            self.store.add(self.keys.key(attempt, "arrived"), 1)
         while True:
             watch = _AbortWatch(self.settings, self.keys, attempt) if self.backend == "nccl" else None
             try:
@@ -302,11 +358,61 @@ class _Restarter:
                 _enter_attempt(self.store, self.keys, attempt, time.monotonic() + self.settings.timeout_seconds)
                 log.warning("trainguard: rank %d re-enters in attempt %d (%.2fs after the failure)",
                             self.settings.rank, attempt, time.monotonic() - failed_mono)
+                if _REPLICA_IN_USE:
+                    self._train_meanwhile(fn, args, kwargs, attempt)
                 continue
             if watch is not None:
                 watch.stop()
             _teardown(self.backend)
             return result
+
+
+    def _train_meanwhile(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                         attempt: int) -> None:
+        """Survivors of a script with a `trainguard.Replica`: train in a group of their own, renumbered, until the
+        failed ranks' new processes arrive (`RegroupNow` at a completed step), as torchft's replica groups go on
+        without a lost member. Any trouble forming it: the survivors just wait for the whole group, as before."""
+        global _INTERIM
+        import torch
+        import torch.distributed as dist
+
+        s = self.settings
+        deadline = time.monotonic() + s.timeout_seconds
+        survivors = int(_signed_value(self.store, self.keys, attempt, "survivors", deadline))
+        if not 0 < survivors < s.world_size:
+            return
+        rank = int(self.store.add(self.keys.key(attempt, "interim-rank"), 1)) - 1
+        if rank >= survivors:
+            return
+        started = time.monotonic()
+        try:
+            pg_store = dist.PrefixStore(self.keys.key(attempt, "interim") + "/", self.store)
+            dist.init_process_group(self.backend, store=pg_store, rank=rank, world_size=survivors,
+                                    timeout=timedelta(seconds=s.timeout_seconds))
+        except Exception as exc:
+            log.warning("trainguard: no interim group of the survivors (%s); waiting for the whole group", exc)
+            _teardown(self.backend)
+            return
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        _INTERIM = _Interim(self.store, self.keys.key(attempt, "arrived"), s.world_size - survivors, rank == 0,
+                            device)
+        interim = _INTERIM
+        log.warning("trainguard: rank %d trains on as rank %d of %d survivor(s) until the new process(es) arrive",
+                    s.rank, rank, survivors)
+        try:
+            fn(*args, **kwargs)  # returns only when training ended meanwhile: the whole group still forms
+        except RegroupNow:
+            pass
+        except Exception as exc:
+            if not peer_failure(exc):
+                raise
+            log.warning("trainguard: the survivors' interim group broke (%s)", str(exc).splitlines()[0][:200])
+        finally:
+            _INTERIM = None
+            _teardown(self.backend)
+            _fresh_runtime()  # the new ranks start theirs now: counted from here, the periodic checks agree
+        log.warning("trainguard: rank %d leaves the interim group after %d step(s) in %.2fs", s.rank, interim.steps,
+                    time.monotonic() - started)
 
 
 def _plain_run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], backend: str) -> Any:

@@ -44,7 +44,11 @@ class Healed:
 class Replica(Generic[T]):
     """The live state of one data-parallel replica across in-process restarts (one per process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_training: bool = True) -> None:
+        self.keep_training = keep_training
+        """After a failure, the survivors train on in a group of their own until the failed ranks' new processes
+        arrive (torchft's behaviour: the job never stops, its batch shrinks for those steps). False: they wait
+        for the whole group, and the job's trajectory is the fault-free one."""
         self._kept: T | None = None
         self._built = False
         self.step: int | None = None
@@ -62,8 +66,13 @@ class Replica(Generic[T]):
 
     def completed(self, step: int) -> None:
         """The optimizer update of ``step`` is applied. Call right after ``optimizer.step()``, with no collective
-        between them: a failure then leaves every survivor at a step it finished."""
+        between them: a failure then leaves every survivor at a step it finished. While the survivors train on
+        without failed ranks, this is where they leave for the whole group (the wrapper's `RegroupNow`): call it
+        at the end of the step, outside ``with worker.step(...)``."""
+        from trainguard.worker.inprocess import note_replica_step
+
         self.step = step
+        note_replica_step(self.keep_training)
 
     def heal(self, state: dict[str, Any], group: Any = None) -> int | None:
         """Collective: agree on the newest live step of any rank and give every rank that state.
@@ -85,14 +94,25 @@ class Replica(Generic[T]):
             return None
         if bool((steps == best).all()):
             self.last = Healed(best, rank, False, 0)
-            return best
-        source = int((steps == best).nonzero()[0])
-        received = rank != source
-        sent = _broadcast_state(state, source, received, group)
-        self.step = best
-        self.last = Healed(best, source, received, sent)
-        log.info("trainguard: rank %d healed to step %d from rank %d (%d tensor bytes)", rank, best, source, sent)
+        else:
+            source = int((steps == best).nonzero()[0])
+            received = rank != source
+            sent = _broadcast_state(state, source, received, group)
+            self.step = best
+            self.last = Healed(best, source, received, sent)
+            log.info("trainguard: rank %d healed to step %d from rank %d (%d tensor bytes)", rank, best, source,
+                     sent)
+        _say_step(best)
         return best
+
+
+def _say_step(step: int) -> None:
+    """This rank's heartbeat carries the step its state holds (a healed rank may train no step of its own)."""
+    from trainguard.worker import runtime
+
+    rt = runtime.current()
+    if rt is not None:
+        rt.resume_at(step)
 
 
 def _broadcast_state(state: dict[str, Any], source: int, receive: bool, group: Any) -> int:

@@ -143,6 +143,14 @@ class Runtime:
         if self.source != "script":
             self.source = source
 
+    def resume_at(self, step: int) -> None:
+        """This rank's state is that of ``step`` (healed from a live peer): the heartbeat says so before the rank
+        completes a step of its own. No step is counted or recorded."""
+        if self._disabled:
+            return
+        self.step = step
+        self.beat()
+
     def complete_step(self, step: int, duration_seconds: float, *, source: str, end_mono: float | None = None,
                       phases: dict[str, float] | None = None, loss: float | None = None,
                       phase: str = "idle", numbering: str = "", epoch: float | None = None,

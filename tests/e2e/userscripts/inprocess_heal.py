@@ -2,9 +2,10 @@
 
 Model and optimizer are kept across re-entries (`Replica.keep`); after a peer fails, the survivors go on from
 the step they finished and the new rank takes their state (`Replica.heal`). Only when no rank holds a live
-state does it read its checkpoint (rank 0, torch.save every ``--ckpt-every`` steps). ``--no-heal`` restores
-from the checkpoint on every entry, as a script without a replica does. Prints, per rank, where each entry
-started, and ``final loss X`` on rank 0.
+state does it read its checkpoint (rank 0, torch.save every ``--ckpt-every`` steps). By default the survivors
+train on by themselves until the new rank arrives; ``--wait-for-new-ranks`` makes them wait (the fault-free
+trajectory). ``--no-heal`` restores from the checkpoint on every entry, as a script without a replica does.
+Prints, per rank, where each entry started and its final loss on a fixed batch, and ``final loss X`` on rank 0.
 """
 
 import argparse
@@ -19,7 +20,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 import trainguard
 
-replica: trainguard.Replica[tuple[torch.nn.Module, torch.optim.Optimizer]] = trainguard.Replica()
+replica: trainguard.Replica[tuple[torch.nn.Module, torch.optim.Optimizer]] = trainguard.Replica(
+    keep_training="--wait-for-new-ranks" not in sys.argv)
 
 
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -39,7 +41,8 @@ def restore(path: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> in
 
 @trainguard.restartable(backend="gloo")
 def train(args: argparse.Namespace) -> float:
-    rank = dist.get_rank()
+    rank = dist.get_rank()  # renumbered while the survivors train on by themselves
+    name = os.environ["RANK"]  # the rank's own number, for the lines it prints
     worker = trainguard.attach()
     model, opt = replica.keep(build) if not args.no_heal else build()
     path = os.path.join(args.ckpt_dir, "last.pt")
@@ -53,12 +56,11 @@ def train(args: argparse.Namespace) -> float:
     if healed is not None:
         start = healed
         assert replica.last is not None
-        print(f"rank {rank}: attempt {worker.attempt} healed to step {start} from rank {replica.last.source}"
+        print(f"rank {name}: attempt {worker.attempt} healed to step {start} from rank {replica.last.source}"
               f" (received {replica.last.received})", flush=True)
     else:
         start = restore(path, model, opt)
-        print(f"rank {rank}: attempt {worker.attempt} restored step {start} from the checkpoint", flush=True)
-    loss = torch.zeros(())
+        print(f"rank {name}: attempt {worker.attempt} restored step {start} from the checkpoint", flush=True)
     for step in range(start + 1, args.steps + 1):
         with worker.step(step):
             gen = torch.Generator().manual_seed(step * 10 + rank)
@@ -75,8 +77,8 @@ def train(args: argparse.Namespace) -> float:
                 p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
                 offset += p.numel()
             opt.step()
-            replica.completed(step)
             time.sleep(args.step_seconds)
+        replica.completed(step)  # after the step's record: the survivors may leave their interim group here
         if step % args.ckpt_every == 0:
             dist.barrier()  # every rank finished the step before rank 0 saves it
             if rank == 0:
@@ -84,10 +86,12 @@ def train(args: argparse.Namespace) -> float:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path + ".tmp")
                 os.replace(path + ".tmp", path)
             dist.barrier()
-    final = loss.detach().clone()
-    dist.all_reduce(final)
+    with torch.no_grad():  # the final state's loss on a fixed batch: the same on every rank that holds it
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(99))
+        final = float(torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)))
+    print(f"rank {name}: attempt {worker.attempt} final loss {final:.9f}", flush=True)
     worker.close()
-    return float(final) / dist.get_world_size()
+    return final
 
 
 def main() -> int:
@@ -97,6 +101,7 @@ def main() -> int:
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--no-heal", action="store_true")
+    p.add_argument("--wait-for-new-ranks", action="store_true")
     args = p.parse_args()
     torch.use_deterministic_algorithms(True)
     loss = train(args)
