@@ -56,7 +56,6 @@ def train(args: argparse.Namespace) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        replica.completed(step)
         time.sleep(args.step_seconds)
         if args.step_log:
             with open(f"{args.step_log}.{rank}", "a") as log:
@@ -68,6 +67,7 @@ def train(args: argparse.Namespace) -> None:
             torch.save({"model": module.state_dict(), "opt": opt.state_dict(), "step": step},
                        os.path.join(args.ckpt_dir, "last.tmp"))
             os.replace(os.path.join(args.ckpt_dir, "last.tmp"), os.path.join(args.ckpt_dir, "last.pt"))
+        replica.completed(step)  # the step's end (no collective since opt.step): survivors may regroup here
     dist.barrier()
     print(f"rank {rank}: done", flush=True)
 
