@@ -179,7 +179,8 @@ def _step_lines(job: Job) -> list[dict[str, Any]]:
 
 
 def crash_run(system: str, job: Job, step: int) -> dict[str, Any]:
-    launch(system, job, step + 20, step)
+    # 100 steps (5 s) after the fault: a replacement has joined the job before the survivors finish it
+    launch(system, job, step + 100, step)
     job.wait(600)
     # torchft's survivor and trainguard_heal's keep their processes through the fault
     gap = crash_gap(_step_lines(job), 1, step, (0,) if system in ("torchft", "trainguard_heal") else ())

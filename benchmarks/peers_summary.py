@@ -40,10 +40,13 @@ def crash_gap(lines: Iterable[Mapping[str, Any]], fault_rank: int, fault_step: i
     squeezed in before being stopped is not taken for recovery.
     """
     rows = list(lines)
-    faults = [r["time"] for r in rows if r["rank"] == fault_rank and r["restart"] == 0 and r["step"] == fault_step]
+    # The first step at or after ``fault_step`` (a torchft group that joins late heals to its peer's step and may
+    # never log the step itself; its copy of the script kills itself at the first one past it).
+    faults = sorted((r["time"], r["step"]) for r in rows
+                    if r["rank"] == fault_rank and r["restart"] == 0 and r["step"] >= fault_step)
     if not faults:
         raise ValueError(f"rank {fault_rank} never logged step {fault_step} in its first launch")
-    fault = min(faults)
+    fault, fault_step = faults[0]
     firsts: dict[int, float] = {}
     for r in rows:
         if r["rank"] in continuing_ranks:

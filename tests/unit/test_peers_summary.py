@@ -31,6 +31,16 @@ def test_a_continuing_rank_counts_its_own_steps_and_its_stall_is_given() -> None
     assert gap.survivor_stall_seconds == pytest.approx(5.0)
 
 
+def test_a_fault_rank_that_healed_past_the_fault_step_faults_at_its_first_step_after_it() -> None:
+    # A torchft group that joined late heals to its peer's step and never logs step 2 itself; its copy of the
+    # script kills itself at the first step past it. Before, the benchmark reported an error for that run.
+    lines = [_line(0, 1, 9.0), _line(0, 2, 9.5), _line(1, 3, 10.0), _line(0, 3, 10.01),
+             _line(0, 4, 12.0), _line(1, 4, 13.0, restart=1)]
+    gap = crash_gap(lines, fault_rank=1, fault_step=2, continuing_ranks=(0,))
+    assert gap.fault_time == 10.0
+    assert gap.survivor_stall_seconds == pytest.approx(2.0)  # step 3 on rank 0 is the fault step's end, not recovery
+
+
 def test_a_rank_that_never_steps_again_is_an_error_not_a_figure() -> None:
     with pytest.raises(ValueError, match=r"ranks \[0\]"):
         crash_gap([_line(0, 2, 10.0), _line(1, 2, 10.0), _line(1, 1, 20.0, restart=1)], 1, 2)
