@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from trainguard.core.taxonomy import TABLE5_GROUPS, UNKNOWN
 from trainguard.errors import InputError
 
-KINDS = ("simultaneous", "jump", "divergence", "busy", "desync")
+KINDS = ("simultaneous", "jump", "divergence", "busy", "desync", "release")
 
 
 class _Readings(Protocol):
@@ -69,7 +69,9 @@ class CrossLine:
     evaluating, preparing data) is followed, within ``within_s``, by a hit of ``categories`` (collective
     timeouts): the others waited for the busy rank; ``desync``: the ``readings`` rule's timeout rows (groups
     ``replica``, ``seq``, ``op``, optional ``pg``) of at least two ranks of one process group name different
-    collectives (sequence number or type): the ranks disagree about which collective comes next."""
+    collectives (sequence number or type): the ranks disagree about which collective comes next; ``release``: the
+    ``readings`` rule's lines (group ``version``) name an NCCL release that `trainguard.classify.nccl_releases`
+    lists as defective, and the log shows a failure of that defect's symptom (lines of the ``symptoms`` rules)."""
     category: str
     confidence: float
     explain: str
@@ -87,6 +89,11 @@ class CrossLine:
     min_replicas: int = 3
     explains: Explains | None = None
     """What the synthetic hit explains, as for a rule."""
+    symptoms: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``release``: (symptom, ids of the rules whose lines show it), e.g. ("hang", ("nccl-watchdog-timeout",))."""
+    context: str = ""
+    """``release``: id of a readings rule whose lines are the conditions an entry may require (and NCCL's
+    ``... set by environment to ...`` settings that switch a defective feature off)."""
 
 
 def _num(where: str, d: Mapping[str, Any], key: str, default: float, lo: float) -> float:
@@ -114,9 +121,10 @@ def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, A
     if kind != "simultaneous":
         rule = rules.get(readings)
         need = {"jump": ("sensor", "value"), "divergence": ("replica", "value"), "busy": (),
-                "desync": ("replica", "seq", "op")}[str(kind)]
+                "desync": ("replica", "seq", "op"), "release": ("version",)}[str(kind)]
         if rule is None or any(g not in rule.pattern.groupindex for g in need):
             raise InputError(f"{where}: readings must name a rule with groups {', '.join(need)}")
+    symptoms, context = _release_inputs(where, d, rules) if kind == "release" else ((), "")
     return CrossLine(
         id=cid, kind=str(kind), category=str(d.get("category")),
         confidence=_num(where, d, "confidence", 0.7, 0.0), explain=str(d.get("explain", "")),
@@ -124,4 +132,22 @@ def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, A
         min_devices=int(_num(where, d, "min_devices", 4, 2)), within_s=_num(where, d, "within_s", 2.0, 0.0),
         min_rise=_num(where, d, "min_rise", 40.0, 0.0), calm=_num(where, d, "calm", 10.0, 0.0),
         min_replicas=int(_num(where, d, "min_replicas", 3, 3)), explains=explains(where, d.get("explains")),
+        symptoms=symptoms, context=context,
     )
+
+
+def _release_inputs(where: str, d: Mapping[str, Any], rules: Mapping[str, _Readings]
+                    ) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], str]:
+    """A ``release`` analysis's ``symptoms`` table (symptom -> rule ids) and optional ``context`` readings rule."""
+    table = d.get("symptoms")
+    if not isinstance(table, dict) or not table:
+        raise InputError(f"{where}: symptoms must be a table: {{crash = [rule ids], hang = [rule ids]}}")
+    out = []
+    for symptom, ids in table.items():
+        if not isinstance(ids, list) or not ids or not all(isinstance(x, str) and x in rules for x in ids):
+            raise InputError(f"{where}: symptoms.{symptom} must be a list of ids of rules defined before it")
+        out.append((str(symptom), tuple(ids)))
+    context = str(d.get("context", ""))
+    if context and context not in rules:
+        raise InputError(f"{where}: context must name a rule defined before it")
+    return tuple(out), context

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainguard.classify.crossline import CrossLine
+from trainguard.classify.nccl_releases import match, parse_version, show
 from trainguard.classify.rules import Rule, RuleSet
 from trainguard.classify.scan import Hit
 from trainguard.classify.tiers import default_tier
@@ -147,12 +148,34 @@ def _desync(c: CrossLine, rule: Rule, rows: list[Hit]) -> list[Hit]:
     return []
 
 
+def _release(c: CrossLine, rule: Rule, versions: list[Hit], context: list[Hit], kept: list[Hit],
+             order: int) -> list[Hit]:
+    """A known-bad NCCL release named by a version line, when the log also shows a failure of its symptom."""
+    seen = {symptom for symptom, ids in c.symptoms if any(h.rule in ids for h in kept)}
+    if not seen:
+        return []  # a version alone is no failure
+    texts = [h.text for h in context]
+    for h in sorted(versions, key=lambda h: h.order):
+        version = parse_version(_value(rule, h, "version") or "")
+        entry = match(version, seen, texts) if version is not None else None
+        if entry is None:
+            continue
+        assert version is not None
+        log.debug("%s: NCCL %s is %s", c.id, show(version), entry.id)
+        # before every line (negative order, no time): it explains the symptom lines wherever the version was printed
+        return [replace(h, rule=c.id, category=c.category, confidence=entry.confidence,
+                        tier=default_tier(c.category), explain=entry.verdict(show(version)), order=order,
+                        time=None, gpu=None, device=None, explained_by=None)]
+    return []
+
+
 def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
     """``hits`` without the lines of readings rules, plus the hits every crossline analysis adds."""
     if not rules.crosslines:
         return hits
     by_id = {r.id: r for r in rules.rules}
-    series_ids = {c.readings for c in rules.crosslines if c.readings}
+    series_ids = {c.readings for c in rules.crosslines if c.readings} | {c.context for c in rules.crosslines
+                                                                         if c.context}
     series: dict[str, list[Hit]] = {}
     kept: list[Hit] = []
     for h in hits:
@@ -166,6 +189,9 @@ def derive(hits: list[Hit], rules: RuleSet) -> list[Hit]:
             added += _simultaneous(c, kept, by_cat, -1 - len(added), rules.strong_confidence)
         elif c.kind == "busy":
             added += _busy(c, series.get(c.readings, []), kept)
+        elif c.kind == "release" and c.readings in series:
+            added += _release(c, by_id[c.readings], series[c.readings], series.get(c.context, []), kept,
+                              -1 - len(added))
         elif c.kind == "desync" and c.readings in series:
             added += _desync(c, by_id[c.readings], series[c.readings])
         elif c.readings in series:

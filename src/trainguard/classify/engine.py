@@ -164,7 +164,7 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
         claimed.add(cause.order)
         for h in effects:
             current[h.order] = replace(h, explained_by=cause.order)
-    for order in [o for o in current if o < 0 and o not in claimed]:
+    for order in [o for o in current if o < 0 and o not in claimed and not _names_own(current[o], by_id, current)]:
         del current[order]  # its lines are explained by the log's own cause: it adds nothing
     attributed: dict[int, str] = {}
     for order, h in current.items():
@@ -175,6 +175,14 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
         if root is not h:
             attributed[order] = root.category
     return list(current.values()), attributed
+
+
+def _names_own(cause: Hit, by_id: dict[str, Explains], current: dict[int, Hit]) -> bool:
+    """Whether a synthetic cause that claimed nothing still reads lines of its own category among the rules it
+    explains (a known-bad NCCL release and a crash inside libnccl.so, both Dependency: it says which defect)."""
+    ex = by_id[cause.rule]
+    return bool(ex.rules) and any(h.explained_by is None and h.rule in ex.rules and h.category == cause.category
+                                  for h in current.values())
 
 
 def _component(device: str | None) -> str | None:
