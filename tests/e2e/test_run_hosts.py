@@ -62,16 +62,20 @@ def test_a_host_cut_off_mid_run_ends_on_its_own_and_the_others_finish(tmp_path: 
 
 
 def test_a_slow_host_gets_the_job_s_attempt_numbers_and_the_job_one_interruption_per_fault(tmp_path: Path) -> None:
-    """host2 runs on a fifth of a core behind a narrow link from its start, and host0's rank crashes: host2 is late
-    to the restart's rendezvous (a round forms without it, and another when it joins). Every agent must give a
-    round the same number and the job must count one interruption (the joins are planned restarts)."""
+    """Once the three hosts train, host2 is left a fifth of a core behind a narrow link, and host0's rank crashes:
+    host2 is late to the restart's rendezvous (a round may form without it, and another when it joins). Every
+    agent must give a round the same number and the job must count one interruption (the joins are planned
+    restarts, and a peer's worker failing on the connection a join closed is one of them)."""
     run_dir = tmp_path / "run"
     with HostNet(3) as net:
         logs = {h.name: tmp_path / f"{h.name}.log" for h in net.hosts}
-        net.throttle_link(net["host2"], rate_kbit=2000)
-        agents = {name: _agent(net, name, run_dir, log, "--inject", "crash@step=6,rank=0,attempt=0",
+        agents = {name: _agent(net, name, run_dir, log, "--inject", "crash@step=12,rank=0",
                                "--max-restarts", "4") for name, log in logs.items()}
         try:
+            wait_until("step 2 on every host", lambda: {r["host"] for r in events(run_dir, "rank-")
+                                                         if r["type"] == "step_completed" and r["step"] >= 2}
+                       >= set(agents), agents["host0"], logs["host0"], STUCK_SECONDS)
+            net.throttle_link(net["host2"], rate_kbit=2000)
             net.starve_cpu(net["host2"], percent=20)
             codes = {name: p.wait(timeout=STUCK_SECONDS * 4) for name, p in agents.items()}
             texts = {name: log.read_text(errors="replace")[-2000:] for name, log in logs.items()}
@@ -89,10 +93,11 @@ def test_a_slow_host_gets_the_job_s_attempt_numbers_and_the_job_one_interruption
     # started it.
     for members in rounds.values():
         assert {w for _, w in members} == {len(members)}, rounds
-    assert rounds[0] == {("host0", 3), ("host1", 3), ("host2", 3)}, rounds
     assert sorted(rounds) == list(range(len(rounds))), rounds
+    assert rounds[0] == {("host0", 3), ("host1", 3), ("host2", 3)}, rounds
+    assert rounds[max(rounds)] == {("host0", 3), ("host1", 3), ("host2", 3)}, rounds
     failures = [r for r in records if r["type"] == "failure_detected"]
-    assert [(f["attempt"], f["kind"], f["ranks"]) for f in failures] == [(0, "crash", [0])], failures
+    assert [(f["kind"], f["ranks"]) for f in failures] == [("crash", [0])], failures
     report = subprocess.run([sys.executable, "-m", "trainguard", "report", str(run_dir), "--json"],
                             capture_output=True, text=True, timeout=120, check=True)
     assert [i["kind"] for i in json.loads(report.stdout)["interruptions"]] == ["crash"], report.stdout[-3000:]
