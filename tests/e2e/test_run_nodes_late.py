@@ -18,7 +18,10 @@ import pytest
 from tests.e2e._nodes import FAST_RDZV, agents, started
 from tests.e2e._run_helpers import STUCK_SECONDS, events, free_port, of_type, store_up, trainguard
 
-STEPS = 10
+STEPS = 40
+"""Enough that the round without node2 is still training when node2 joins (about 0.25 s a step here): with 10, a CI
+run's last node finished the job's final step as the other restarted the round for node2, and the round after
+formed without it."""
 
 pytestmark = [pytest.mark.timeout(900)]
 
