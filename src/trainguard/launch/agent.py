@@ -457,8 +457,9 @@ class GuardAgent(ElasticAgentBase):
     def _on_exit(self, wg: WorkerGroup, result: RunResult) -> RunResult:
         codes, ev, wall, mono = self._exit_evidence(wg, result)
         failed = sorted(codes)
-        echo = self._may_echo(codes, wg)
-        if echo and blame.crash_culprits(codes)[1] == "exit":
+        kind = blame.crash_culprits(codes)[1]
+        echo = self._may_echo(codes, kind, wg)
+        if echo and kind == "exit":
             time.sleep(0.5)  # an error exit may echo a crash on another node: let that node record it first
         beats = self._read_beats(wg)
         # A node left for a waiting spare (restart-now), or a peer restarted the round for a node waiting to
@@ -481,7 +482,7 @@ class GuardAgent(ElasticAgentBase):
                      mono: float, step: int | None) -> bool:
         """Write the failure records of workers that exited; True when they were the echo of a lost node."""
         culprits, kind = blame.crash_culprits(codes)
-        lost = self._lost_behind(codes, wg, mono)
+        lost = self._lost_behind(codes, kind, wg, mono)
         if lost:  # the echo of a node that died: nobody else records it; detected now, not at the exit
             self.recorder.record_node_lost(self.attempt, lost, time.time(), step)
         elif self.recorder.claim(self.attempt):
@@ -567,16 +568,17 @@ class GuardAgent(ElasticAgentBase):
         return self.peers.poll(self.attempt, self._job_world_size(), mono)
 
     @staticmethod
-    def _may_echo(codes: dict[int, int], wg: WorkerGroup) -> bool:
-        """Whether local ranks' ends may be the echo of something on another node: error exits (or aborts, as
-        gloo and NCCL do when a peer's connection resets) in a job of several nodes."""
-        quiet = blame.crash_culprits(codes)[1] == "exit" or all(c == -signal.SIGABRT for c in codes.values())
-        return quiet and bool(wg.group_world_size) and (wg.group_world_size or 0) > 1
+    def _may_echo(codes: dict[int, int], kind: str, wg: WorkerGroup) -> bool:
+        """Whether local ranks' ends (``kind`` from `blame.crash_culprits`) may be the echo of something on another
+        node: error exits (or aborts, as gloo and NCCL do when a peer's connection resets) in a job of several
+        nodes."""
+        quiet = kind == "exit" or all(c == -signal.SIGABRT for c in codes.values())
+        return quiet and (wg.group_world_size or 0) > 1
 
-    def _lost_behind(self, codes: dict[int, int], wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
+    def _lost_behind(self, codes: dict[int, int], kind: str, wg: WorkerGroup, mono: float) -> list[nodes.LostNode]:
         """Whether local ranks failed because a peer node died: their error exits (or aborts) are then an echo.
         Waits until every peer beat again after the failure, or one is lost (bounded: `PeerWatch.settle`)."""
-        if not self._may_echo(codes, wg):
+        if not self._may_echo(codes, kind, wg):
             return []
         return self.peers.settle(self.attempt, self._job_world_size(), mono)
 

@@ -366,14 +366,12 @@ class _Restarter:
             _teardown(self.backend)
             return result
 
-
     def _train_meanwhile(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                          attempt: int) -> None:
         """Survivors of a script with a `trainguard.Replica`: train in a group of their own, renumbered, until the
         failed ranks' new processes arrive (`RegroupNow` at a completed step), as torchft's replica groups go on
         without a lost member. Any trouble forming it: the survivors just wait for the whole group, as before."""
         global _INTERIM
-        import torch
         import torch.distributed as dist
 
         s = self.settings
@@ -393,9 +391,10 @@ class _Restarter:
             log.warning("trainguard: no interim group of the survivors (%s); waiting for the whole group", exc)
             _teardown(self.backend)
             return
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        from trainguard.worker.replica import wire_device
+
         _INTERIM = _Interim(self.store, self.keys.key(attempt, "arrived"), s.world_size - survivors, rank == 0,
-                            device)
+                            wire_device(None))
         interim = _INTERIM
         log.warning("trainguard: rank %d trains on as rank %d of %d survivor(s) until the new process(es) arrive",
                     s.rank, rank, survivors)

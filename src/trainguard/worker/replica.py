@@ -86,7 +86,8 @@ class Replica(Generic[T]):
         import torch.distributed as dist
 
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        steps = torch.full((world,), -1, dtype=torch.int64)
+        device = wire_device(group)
+        steps = torch.full((world,), -1, dtype=torch.int64, device=device)
         steps[rank] = -1 if self.step is None else self.step
         dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=group)  # each slot is -1 except its own rank's
         best = int(steps.max())
@@ -97,7 +98,7 @@ class Replica(Generic[T]):
         else:
             source = int((steps == best).nonzero()[0])
             received = rank != source
-            sent = _broadcast_state(state, source, received, group)
+            sent = _broadcast_state(state, source, received, group, device)
             self.step = best
             self.last = Healed(best, source, received, sent)
             log.info("trainguard: rank %d healed to step %d from rank %d (%d tensor bytes)", rank, best, source,
@@ -115,27 +116,42 @@ def _say_step(step: int) -> None:
         rt.resume_at(step)
 
 
-def _broadcast_state(state: dict[str, Any], source: int, receive: bool, group: Any) -> int:
-    """Send ``state`` from ``source`` to every rank: its layout as JSON, then each tensor. Receivers' ``state``
-    entries are replaced. Returns the tensor bytes sent."""
+def wire_device(group: Any) -> Any:
+    """Where the group's collectives take their tensors: the current CUDA device for NCCL, else the CPU."""
     import torch
     import torch.distributed as dist
 
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_state(state: dict[str, Any], source: int, receive: bool, group: Any, device: Any) -> int:
+    """Send ``state`` from ``source`` (a rank of ``group``) to every rank: its layout as JSON, then each tensor,
+    through ``device`` (a tensor elsewhere is copied there and back). Receivers' ``state`` entries are replaced.
+    Returns the tensor bytes sent."""
+    import torch
+    import torch.distributed as dist
+
+    src = source if group is None else dist.get_global_rank(group, source)
     tensors: list[Any] = []
     layout = b"" if receive else json.dumps(_layout(state, tensors)).encode()
-    size = torch.tensor([len(layout)], dtype=torch.int64)
-    dist.broadcast(size, src=source, group=group)
-    raw = torch.frombuffer(bytearray(layout), dtype=torch.uint8) if not receive \
-        else torch.empty(int(size), dtype=torch.uint8)
-    dist.broadcast(raw, src=source, group=group)
+    size = torch.tensor([len(layout)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src, group=group)
+    raw = torch.frombuffer(bytearray(layout), dtype=torch.uint8).to(device) if not receive \
+        else torch.empty(int(size), dtype=torch.uint8, device=device)
+    dist.broadcast(raw, src=src, group=group)
     if receive:
-        spec = json.loads(bytes(raw.numpy()).decode())
+        spec = json.loads(bytes(raw.cpu().numpy()).decode())
         rebuilt = _rebuild(spec, tensors)
         state.clear()
         state.update(rebuilt)
     total = 0
     for t in tensors:
-        dist.broadcast(t, src=source, group=group)
+        wire = t if t.device == device else t.to(device)
+        dist.broadcast(wire, src=src, group=group)
+        if receive and wire is not t:
+            t.copy_(wire)
         total += t.numel() * t.element_size()
     return total
 
