@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from trainguard.launch.output import MAX_LINE_BYTES, ConsoleLines, LogPump, PumpedFile, rotate, set_append
+import pytest
+
+from trainguard.launch.log_rotation import collapse_front, rotate
+from trainguard.launch.output import MAX_LINE_BYTES, ConsoleLines, LogPump, PumpedFile, set_append
 
 
 def _feed(chunks: list[bytes], max_line: int = 8) -> list[bytes]:
@@ -98,3 +103,37 @@ def test_the_evidence_tail_of_a_just_rotated_log_continues_in_its_rotated_file(t
     tail = log_tail(path, 5).splitlines()
     assert tail == ["old 97", "old 98", "old 99", "new 0", "Traceback: boom"]
     assert log_tail(tmp_path / "missing.log", 5) == ""
+
+
+def test_rotation_loses_no_line_a_writer_appends_meanwhile(tmp_path: Path) -> None:
+    # The break: the log was copied, then truncated; a line written between the last copied byte and the
+    # truncation was in neither file (a flooding rank's last line "done" was lost that way in a CI run).
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x" * 3 * 4096)
+    with open(probe, "r+b") as fh:
+        if not collapse_front(fh.fileno(), 4096):
+            pytest.skip("this filesystem cannot remove a file's front: rotation copies and truncates (documented loss)")
+    path = tmp_path / "rank-0.stdout.log"
+    path.write_bytes(b"")
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\n"
+        f"fd = os.open({str(path)!r}, os.O_WRONLY | os.O_APPEND)\n"
+        f"stop, i = {str(stop)!r}, 0\n"
+        "while not (i % 1000 == 0 and os.path.exists(stop)):\n"
+        "    os.write(fd, b'%d\\n' % i); i += 1\n")])
+    moved = bytearray()
+    try:
+        rotations = 0
+        while rotations < 150:
+            if path.stat().st_size > 12 * 1024:
+                rotate(path)
+                moved += (tmp_path / "rank-0.stdout.log.1").read_bytes()
+                rotations += 1
+            assert writer.poll() is None
+    finally:
+        stop.touch()
+        writer.wait(timeout=60)
+    lines = (bytes(moved) + path.read_bytes()).splitlines()
+    assert len(lines) > 150 * 1000
+    assert [int(x) for x in lines] == list(range(len(lines)))

@@ -9,13 +9,12 @@ agent, `LogPump`, follows those files for the whole of a (whole-process) attempt
   instead of a line: of the states written since the last pass only the latest is shown (at most one per
   stream every `POLL_SECONDS`); the file keeps every byte. torch's own tailer read each line whole
   (``readline``): one 200 MB line without a newline took the agent to 1 GB.
-* **cap**: a log file that reaches ``max_bytes`` is copied to ``<file>.1`` (replacing the previous one) and
-  truncated, so a stream keeps its newest part and one rotated file: at most about twice the cap. The
-  writers keep their file descriptors, so truncating is only safe when they write with ``O_APPEND``
-  (otherwise the next write lands at the old offset and leaves a hole the size of the cap): the pump sets
-  ``O_APPEND`` on the agent's own descriptors of the files, which share their open file description (and so
-  their flags) with the workers' stdout and stderr. A write that lands between the last copied byte and the
-  truncation (microseconds) is lost from the files; the console has already shown it when it is tee'd.
+* **cap**: a log file that reaches ``max_bytes`` has its front moved to ``<file>.1`` (replacing the previous
+  one; `trainguard.launch.log_rotation`), so a stream keeps its newest part and one rotated file: at most
+  about twice the cap. The writers keep their file descriptors, so cutting the front is only safe when they
+  write with ``O_APPEND`` (otherwise the next write lands at the old offset and leaves a hole the size of the
+  cap): the pump sets ``O_APPEND`` on the agent's own descriptors of the files, which share their open file
+  description (and so their flags) with the workers' stdout and stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from trainguard.launch.log_rotation import ROTATED_SUFFIX, rotate
+
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 1024
@@ -41,7 +42,6 @@ READ_BUDGET_BYTES = 4 * 1024 * 1024
 """At most this much of one file per pass, so one flooding rank cannot starve the others' lines."""
 POLL_SECONDS = 0.1
 """A pass over every file when the last one found nothing new."""
-ROTATED_SUFFIX = ".1"
 _SEPARATORS = re.compile(rb"[\r\n]")
 
 
@@ -161,37 +161,6 @@ def set_append(paths: Iterable[Path]) -> set[Path]:
     return done
 
 
-def rotate(path: Path, keep: int = 0) -> int:
-    """Copy ``path`` to ``<path>.1`` (atomically replacing it) and truncate ``path``; with ``keep``, only the
-    newest ``keep`` bytes go to ``<path>.1`` (the rest is dropped). Returns the bytes copied."""
-    rotated = path.with_name(path.name + ROTATED_SUFFIX)
-    tmp = path.with_name(path.name + ROTATED_SUFFIX + ".tmp")
-    src = os.open(path, os.O_RDONLY)
-    try:
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
-        try:
-            size = os.fstat(src).st_size
-            start = pos = max(0, size - keep) if keep > 0 else 0
-            while True:  # catch up with the writer until what is left is small, then cut at once
-                while pos < size:
-                    n = os.sendfile(dst, src, pos, min(size - pos, 1 << 24))
-                    if n == 0:
-                        break
-                    pos += n
-                size = os.fstat(src).st_size
-                if size - pos < CHUNK_BYTES:
-                    break
-            while (n := os.sendfile(dst, src, pos, 1 << 24)) > 0:
-                pos += n
-            os.truncate(path, 0)
-        finally:
-            os.close(dst)
-        os.replace(tmp, rotated)
-    finally:
-        os.close(src)
-    return pos - start
-
-
 class LogPump:
     """Follows one attempt's log files: console lines in bounded memory, and the size cap."""
 
@@ -250,18 +219,17 @@ class LogPump:
                 f.warned = True
                 log.warning("%s passed --max-log-mb but its writer does not append: it cannot be capped", f.path)
             return
-        if f.console is not None and f.offset < size:
-            if size < 2 * self.max_bytes:
-                return  # the console catches up first
-            skipped = size - f.offset
-            self._write(f, [*f.lines.close(), f"[... {skipped} bytes not shown: see {f.path.name}{ROTATED_SUFFIX}]"
-                            .encode()])
+        if f.console is not None and f.offset < size and size < 2 * self.max_bytes:
+            return  # the console catches up first
         try:
-            rotate(f.path, keep=self.max_bytes)
+            removed = rotate(f.path, keep=self.max_bytes)
         except OSError as exc:
             log.warning("could not rotate %s: %s", f.path, exc)
             return
-        f.offset = 0
+        if f.console is not None and f.offset < removed:
+            self._write(f, [*f.lines.close(), f"[... {removed - f.offset} bytes not shown: see {f.path.name}"
+                            f"{ROTATED_SUFFIX}]".encode()])
+        f.offset = max(0, f.offset - removed)
         self.rotations += 1
 
     def pass_once(self, budget: int = READ_BUDGET_BYTES) -> int:
