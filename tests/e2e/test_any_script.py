@@ -36,10 +36,10 @@ SCRIPTS = [pytest.param(PLAIN, id="plain-ddp"), pytest.param(LIGHTNING, id="ligh
 
 
 def _launch(tmp_path: Path, script: Path, *, steps: int, inject: str | None = None,
-            extra: tuple[str, ...] = ()) -> tuple[Any, Path, Path]:
+            extra: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> tuple[Any, Path, Path]:
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     args = ["run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--run-dir", str(run_dir),
-            "--hang-floor", str(HANG_FLOOR), "--no-health-checks", "--quiet"]
+            "--hang-floor", str(HANG_FLOOR), "--no-health-checks", "--quiet", *options]
     if inject:
         args += ["--inject", inject]
     args += [str(script), "--steps", str(steps), "--ckpt-dir", str(ckpt), *extra]
@@ -153,6 +153,23 @@ def test_a_rank_that_finished_first_is_not_a_frozen_rank(tmp_path: Path) -> None
     agent = events(run_dir, "agent-")
     assert of_type(agent, "failure_detected") == []
     assert len(of_type(agent, "attempt_started")) == 1
+
+
+def test_a_rank_frozen_in_teardown_after_its_training_is_ended_and_counted_as_finished(tmp_path: Path) -> None:
+    # torch's own teardown can deadlock holding the GIL (pytorch/pytorch#56297). In a CI run a rank printed its
+    # last line, then froze in ~ProcessGroupGloo; 120 s later that was called a hang and the finished job
+    # restarted and failed. Here rank 0 freezes the same way once it destroyed its group.
+    proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20, extra=("--freeze-rank", "0"),
+                               options=("--checkpoint-allowance", "3"))
+    _wait(proc, tmp_path)
+    agent = events(run_dir, "agent-")
+    assert of_type(agent, "failure_detected") == []
+    assert len(of_type(agent, "attempt_started")) == 1
+    assert [e["reason"] for e in of_type(agent, "attempt_ended")] == ["completed"]
+    evidence = (RunLayout(run_dir).diagnostics_dir(0) / "teardown_rank_0.txt").read_text()
+    assert "rank 0" in evidence and "finished its training" in evidence and "thread " in evidence, evidence
+    rep = _check_report_adds_up(run_dir, 20)
+    assert rep["attempts"] == 1
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -39,7 +39,7 @@ from trainguard.core.eventlog import EventWriter
 from trainguard.core.events import AttemptEnded, AttemptStarted, Event, PlannedInterruption, RunStarted
 from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV, Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.core.safefs import make_dirs
-from trainguard.launch import admission, attempts, blame, evidence, nodes
+from trainguard.launch import admission, attempts, blame, evidence, nodes, teardown
 from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.attempts import Attempts
 from trainguard.launch.config import SupervisorConfig
@@ -125,6 +125,8 @@ class GuardAgent(ElasticAgentBase):
         self._last_alive_mono = time.monotonic()
         self._attempt_mono = self._last_alive_mono
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
+        self._ended_in_teardown: set[int] = set()
+        """Global ranks of this attempt ended by the agent, frozen after their training was over (`teardown`)."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
@@ -318,6 +320,7 @@ class GuardAgent(ElasticAgentBase):
                                  warm_starts=warm_starts))
         self._attempt_closed = False
         self._early = None
+        self._ended_in_teardown = set()
         self.watch.on_attempt(self.attempt)
 
     # --- watching -------------------------------------------------------------------------------
@@ -332,8 +335,9 @@ class GuardAgent(ElasticAgentBase):
         failed = {}
         for local_rank, proc in procs.items():
             code = proc.poll()
-            if code not in (None, 0):
-                failed[wg.workers[local_rank].global_rank] = int(code)
+            rank = wg.workers[local_rank].global_rank
+            if code not in (None, 0) and rank not in self._ended_in_teardown:
+                failed[rank] = int(code)
         return failed
 
     def _finished(self, wg: WorkerGroup) -> set[int]:
@@ -343,7 +347,8 @@ class GuardAgent(ElasticAgentBase):
         while a slower peer still tears down is not a hang. (A peer left waiting in a collective for a finished
         rank is still found: it is a waiting rank.)
         """
-        return {wg.workers[local_rank].global_rank for local_rank, p in self._procs().items() if p.poll() == 0}
+        return {wg.workers[local_rank].global_rank for local_rank, p in self._procs().items()
+                if p.poll() == 0} | self._ended_in_teardown
 
     def _procs(self) -> dict[int, Any]:
         """Local rank -> worker process (empty before the first start)."""
@@ -366,6 +371,9 @@ class GuardAgent(ElasticAgentBase):
             # our poll and the base's (microseconds) still gets torch's close.
             self.stop_local_workers(signal.SIGTERM)
         result = self.torch_monitor(worker_group)
+        if result.state == WorkerState.FAILED and result.failures and set(result.failures) <= self._ended_in_teardown:
+            result = RunResult(state=WorkerState.SUCCEEDED,
+                               return_values={w.global_rank: None for w in worker_group.workers})
         if result.state == WorkerState.HEALTHY:
             return self._watch_healthy(worker_group, result)
         if result.state == WorkerState.FAILED:
@@ -395,6 +403,12 @@ class GuardAgent(ElasticAgentBase):
         finished = self._finished(wg)
         verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono,
                                       finished=len(finished))
+        if verdict is not None:
+            frozen = teardown.stuck_in_teardown(verdict.ranks, beats, (w.global_rank for w in wg.workers), finished)
+            if frozen:  # their exits count as finished
+                procs = {wg.workers[local].global_rank: proc.pid for local, proc in self._procs().items()}
+                self._ended_in_teardown |= teardown.end_frozen(frozen, procs, beats, mono, self.diag_dir())
+                return result
         if verdict is not None and self._store_answers():
             return self._on_hang(wg, verdict, time.time(), mono)
         self._last_alive_mono = mono

@@ -24,6 +24,10 @@ has been imported by the script. From then on:
 * the public checkpoint calls (``torch.save``, ``torch.load``, ...) are observed (`trainguard.worker.ckpt_io`);
   a restore in progress ends at the first optimizer update after it. An update inside DCP's
   ``get_state_dict``/``set_state_dict`` (a zero step that creates the optimizer's state) is no step.
+* ``torch.distributed.destroy_process_group()`` of the default group says the rank's training is over (heartbeat
+  phase ``done``) before torch tears the group down: that teardown can deadlock in torch itself (a gloo group's
+  destructor joins its threads holding the GIL while one of them needs it; pytorch/pytorch#56297), and the
+  agent ends a rank frozen there as finished, not hung (`trainguard.launch.teardown`).
 * the control thread starts (so a rank stuck in rendezvous can still give its stacks), and so does the
   background thread, which reads collective progress once a default process group exists (see
   `trainguard.worker.runtime`).
@@ -35,6 +39,7 @@ these hooks neither count steps nor fire faults; the SDC check stays here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -176,6 +181,30 @@ def _install_sdc(rt: runtime.Runtime) -> None:
         log.warning("trainguard: no SDC check (%s)", exc)
 
 
+DESTROY_MARK = "_trainguard_destroy"
+
+
+def install_destroy_hook(dist: ModuleType) -> bool:
+    """Wrap ``dist.destroy_process_group`` so that destroying the default group first sets the heartbeat phase
+    ``done``, synchronously (the background thread may never run again if torch's teardown then holds the GIL).
+    The original stays reachable as ``__wrapped__`` for trainguard's own teardown between in-process attempts."""
+    original = getattr(dist, "destroy_process_group", None)
+    if not callable(original) or getattr(original, DESTROY_MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if group is None:  # the default group, and every group with it: this rank's training is over
+            rt = runtime.current()
+            if rt is not None and not rt.closed:
+                rt.set_phase("done")
+        return original(group, *args, **kwargs)
+
+    setattr(destroy_process_group, DESTROY_MARK, True)
+    setattr(dist, "destroy_process_group", destroy_process_group)  # noqa: B010
+    return True
+
+
 def on_import(name: str, module: ModuleType) -> None:
     """Called by the bootstrap right after the script imported ``torch.optim`` or ``torch.distributed``."""
     try:
@@ -186,6 +215,8 @@ def on_import(name: str, module: ModuleType) -> None:
 
             ckpt_entries.on_import(name, module)  # torch.save / torch.load and the load_state_dict calls
             _install_sdc(rt)
+        elif name == "torch.distributed":
+            install_destroy_hook(module)
         # The control thread starts now rather than once a process group exists: a rank stuck in
         # rendezvous or init_process_group can then still answer with its stacks.
         rt.start_control()
@@ -220,3 +251,7 @@ def uninstall() -> None:
     while _handles:
         _handles.pop().remove()
     _steps = None
+    dist = sys.modules.get("torch.distributed")
+    wrapped: Any = getattr(dist, "destroy_process_group", None)
+    if dist is not None and getattr(wrapped, DESTROY_MARK, False):
+        setattr(dist, "destroy_process_group", wrapped.__wrapped__)  # noqa: B010

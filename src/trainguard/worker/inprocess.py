@@ -197,8 +197,8 @@ def _teardown(backend: str) -> None:
     try:
         if backend == "nccl":
             abort_process_group()  # pending NCCL work would block a plain destroy
-        else:
-            dist.destroy_process_group()
+        else:  # torch's own, not the script's (`autohooks.install_destroy_hook`): this rank trains on
+            getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)()
     except Exception as exc:  # a broken group may fail to close cleanly
         log.warning("trainguard: closing the broken process group: %s", exc)
 

@@ -32,6 +32,9 @@ def main() -> None:
     p.add_argument("--linger-rank", type=int, default=-1, help="this rank waits before exiting (slow teardown)")
     p.add_argument("--linger-seconds", type=float, default=0.0)
     p.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group (many scripts do)")
+    p.add_argument("--freeze-rank", type=int, default=-1,
+                   help="this rank freezes holding the GIL once its group is destroyed, as torch's gloo teardown "
+                        "can deadlock (pytorch/pytorch#56297)")
     p.add_argument("--crash-rank", type=int, default=-1, help="this rank kills itself in the first launch")
     p.add_argument("--crash-step", type=int, default=0, help="... at this step (0: when --crash-file appears)")
     p.add_argument("--crash-file", default="")
@@ -94,6 +97,10 @@ def main() -> None:
     dist.barrier()
     if not args.no_destroy:
         dist.destroy_process_group()
+    if rank == args.freeze_rank:
+        import ctypes
+
+        ctypes.PyDLL(None).sleep(3600)  # PyDLL keeps the GIL through the call: no Python thread runs again
     if rank == args.linger_rank:
         time.sleep(args.linger_seconds)  # e.g. writing artefacts after training, while the other ranks exited
     print(f"rank {rank}: done", flush=True)

@@ -1,0 +1,81 @@
+"""`trainguard.launch.teardown`: a rank frozen after its training is over is ended and counted as finished;
+and the hook that says a rank's training is over when the script destroys its process group."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from trainguard.core.protocol import Heartbeat
+from trainguard.launch.teardown import end_frozen, stuck_in_teardown
+from trainguard.worker import autohooks, runtime
+
+
+def beat(phase: str, t: float = 10.0) -> Heartbeat:
+    return Heartbeat(step=20, steps_done=20, progress_mono=t, duration_seconds=0.1, phase=phase,
+                     phase_start_mono=t, source="optimizer", alive_mono=t)
+
+
+def test_only_ranks_done_with_training_whose_node_peers_all_finished_are_stuck_in_teardown() -> None:
+    done, stepping = beat("done"), beat("step")
+    assert stuck_in_teardown([0], {0: done, 1: None}, [0, 1], finished={1}) == (0,)
+    assert stuck_in_teardown([2, 0], {0: done, 2: done}, [0, 1, 2], finished={1}) == (0, 2)
+    # a peer of this node still runs: the hang is a training hang
+    assert stuck_in_teardown([0], {0: done, 1: stepping}, [0, 1], finished=set()) == ()
+    # the frozen rank never said its training was over (the old CI case without the destroy hook)
+    assert stuck_in_teardown([0], {0: stepping}, [0, 1], finished={1}) == ()
+    assert stuck_in_teardown([0], {0: None}, [0, 1], finished={1}) == ()
+    assert stuck_in_teardown([], {}, [0], finished=set()) == ()
+
+
+def test_a_frozen_process_is_written_down_then_killed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A real process frozen the way the deadlock leaves one: the GIL held in a C call, no Python thread runs.
+    proc = subprocess.Popen([sys.executable, "-c", "import ctypes; ctypes.PyDLL(None).sleep(600)"])
+    try:
+        with caplog.at_level(logging.WARNING, logger="trainguard.launch.teardown"):
+            ended = end_frozen([3, 5], {3: proc.pid}, {3: beat("done", time.monotonic() - 7.0)}, time.monotonic(),
+                               tmp_path)
+        assert ended == {3}  # rank 5 has no process here: nothing to end
+        assert proc.wait(timeout=60) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "teardown_rank_3.txt").read_text()
+    assert text.startswith(f"rank 3 (pid {proc.pid}) finished its training 7.")
+    assert "thread " in text and "wchan" in text
+    assert "rank 3 finished its training but its process did not end" in caplog.text
+    assert str(tmp_path / "teardown_rank_3.txt") in caplog.text
+
+
+class _Phases:
+    closed = False
+
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    def set_phase(self, name: str) -> None:
+        self.phases.append(name)
+
+
+def test_destroying_the_default_group_says_done_before_torch_tears_it_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[object] = []
+    rt = _Phases()
+
+    def destroy_process_group(group: object = None) -> None:
+        calls.append((group, list(rt.phases)))
+
+    dist = types.ModuleType("fake_dist")
+    dist.destroy_process_group = destroy_process_group  # type: ignore[attr-defined]
+    monkeypatch.setattr(runtime, "current", lambda: rt)
+    assert autohooks.install_destroy_hook(dist)
+    assert not autohooks.install_destroy_hook(dist)  # once
+    dist.destroy_process_group("subgroup")  # a subgroup: training goes on
+    dist.destroy_process_group()
+    assert calls == [("subgroup", []), (None, ["done"])]  # "done" was written before torch's own call
+    assert dist.destroy_process_group.__wrapped__ is destroy_process_group
