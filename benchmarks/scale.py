@@ -15,11 +15,12 @@ server, so the bytes through that host's link are the control plane's alone), sp
 Per fault, from the run's own events: fault -> detection (first ``failure_detected``), -> rendezvous complete (the
 last surviving agent's ``attempt_started``), -> first new step; whether every agent numbered the new attempt
 the same; bytes and packets through the store host's link from the fault to the first new step; evidence bytes
-written under the run folder meanwhile. Per N: each agent's CPU per second at rest, memory per host. Then each
+written under the run folder meanwhile. Per N: each agent's CPU per second at rest, the store link's bytes per
+second at rest, memory per host. Then each
 figure is fitted against N (least squares line, and the log-log slope: above 1.2 grows faster than linearly) and
 projected to 2,048 and 12,500 hosts (docs/operations.md, "The control plane at scale").
 
-    sudo .venv/bin/python benchmarks/scale.py [--hosts 4,8,16,32] [--out FILE]
+    sudo .venv/bin/python benchmarks/scale.py [--hosts 4,8,16,32] [--faults crash,...] [--out FILE]
 
 Needs root (namespaces, cgroups), iproute2 and tc. Prints one JSON object.
 """
@@ -51,6 +52,8 @@ GPT = ROOT / "src" / "trainguard" / "examples" / "train_gpt.py"
 MODEL = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64"]
 STORE_PORT = 29400
 WAIT_SECONDS = 420.0
+REST_SECONDS = 10.0
+"""The window at rest over which each agent's CPU and the store link's bytes are measured."""
 CKPT_EVERY = 5
 FAULTS = ("crash", "crash-slow-host", "host-death", "agent-kill", "partition", "store-lost")
 
@@ -228,7 +231,7 @@ def _fire(job: Job, fault: str) -> tuple[float, list[Host]]:
     return t, list(job.alive)
 
 
-def run_n(n: int, folder: Path) -> dict[str, Any]:
+def run_n(n: int, folder: Path, faults: tuple[str, ...] = FAULTS[:-1]) -> dict[str, Any]:
     result: dict[str, Any] = {"hosts": n, "faults": []}
     with HostNet(n, extra=["store"]) as net:
         job = Job(net, n, folder)
@@ -238,9 +241,15 @@ def run_n(n: int, folder: Path) -> dict[str, Any]:
                 result["error"] = "the job never trained on every host"
                 return result
             result["start_to_steady_seconds"] = time.time() - started
-            result["agent_cpu_per_second_at_rest"] = job.agent_cpu_per_second()
+            rest = net.link_counters(job.store)
+            result["agent_cpu_per_second_at_rest"] = job.agent_cpu_per_second(REST_SECONDS)
+            after_rest = net.link_counters(job.store)
+            # between restarts: each agent's reads of the wait-list count (trainguard's store link) and torch's
+            # keep-alives are all that crosses the store's link
+            result["store_bytes_per_second_at_rest"] = (after_rest["rx_bytes"] + after_rest["tx_bytes"]
+                                                        - rest["rx_bytes"] - rest["tx_bytes"]) / REST_SECONDS
             result["per_host_rss_mb"] = job.rss_per_host_mb()
-            for fault in FAULTS[:-1]:
+            for fault in faults:
                 counters, evidence = net.link_counters(job.store), job.evidence_bytes()
                 t_fault, survivors = _fire(job, fault)
                 m = _measure(job, fault, t_fault, survivors)
@@ -273,7 +282,13 @@ def main() -> None:
     parser.add_argument("--hosts", default="4,8,16,32", help="comma-separated host counts")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--keep", type=Path, help="keep every run folder and log under this folder")
+    parser.add_argument("--faults", default=",".join(FAULTS[:-1]),
+                        help="comma-separated faults to fire (the store's loss always ends the job)")
     args = parser.parse_args()
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = sorted(set(faults) - set(FAULTS[:-1]))
+    if unknown:
+        parser.error(f"unknown faults: {', '.join(unknown)}")
     counts = [int(x) for x in args.hosts.split(",")]
     load = os.getloadavg()[0]
     runs = []
@@ -282,7 +297,7 @@ def main() -> None:
         for n in counts:
             folder = Path(tmp) / f"n{n}"
             folder.mkdir(parents=True)
-            runs.append(run_n(n, folder))
+            runs.append(run_n(n, folder, faults))
             print(json.dumps({"progress": runs[-1]}), file=sys.stderr, flush=True)
     report = {"benchmark": "scale", "load_at_start": load, "load_at_end": os.getloadavg()[0],
               "cpu_count": os.cpu_count(), "runs": runs, "fits": fit_and_project(runs, targets=(2048, 12500))}

@@ -32,7 +32,8 @@ def _figures(runs: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, floa
     series: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         n = float(run["hosts"])
-        for key in ("agent_cpu_per_second_at_rest", "per_host_rss_mb", "start_to_steady_seconds"):
+        for key in ("agent_cpu_per_second_at_rest", "store_bytes_per_second_at_rest", "per_host_rss_mb",
+                    "start_to_steady_seconds"):
             if isinstance(run.get(key), (int, float)):
                 series.setdefault(key, []).append((n, float(run[key])))
         for fault in run.get("faults", []):

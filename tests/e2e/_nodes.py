@@ -16,6 +16,8 @@ import psutil
 
 from tests.e2e._run_helpers import STUCK_SECONDS, TINY, TRAIN_GPT, events, start_trainguard
 
+HOLD = Path(__file__).resolve().parent / "userscripts" / "hold_attempt.py"
+
 FAST_RDZV = ["--rdzv-conf", "keep_alive_interval=1", "--node-lost-timeout", "4", "--rdzv-last-call", "3"]
 """Short keep-alive (3 x 1 s) and node-lost timeout: a lost node is let go of in seconds, not 15 s."""
 
@@ -24,18 +26,21 @@ class Agents:
     """Agents of one job started one by one; `stop_all` kills what is left, orphaned workers included."""
 
     def __init__(self, tmp_path: Path, *, nnodes: str, nproc: int, endpoint: str, steps: int, inject: str,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), hold_attempt: int | None = None) -> None:
         self.tmp = tmp_path
         self.run_dir = tmp_path / "run"
         self.endpoint = endpoint
+        # with hold_attempt, the script waits before its first step in that attempt (userscripts/hold_attempt.py)
+        script = [str(HOLD), str(TRAIN_GPT)] if hold_attempt is not None else [str(TRAIN_GPT)]
+        self.env = {"TG_TEST_HOLD_ATTEMPT": str(hold_attempt)} if hold_attempt is not None else {}
         self.args = ["run", "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint", endpoint,
                      "--rdzv-id", "nodes", "--run-dir", str(self.run_dir), "--json", "--inject", inject,
-                     *extra, "--", str(TRAIN_GPT), "--steps", str(steps), "--ckpt-every", "2", *TINY]
+                     *extra, "--", *script, "--steps", str(steps), "--ckpt-every", "2", *TINY]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, node: str) -> None:
         self.procs[node] = start_trainguard(*self.args[:1], "--node-id", node, *self.args[1:],
-                                            log=self.tmp / f"{node}.log")
+                                            log=self.tmp / f"{node}.log", env=self.env)
 
     def wait(self, what: str, cond: Callable[[], bool], timeout: float = STUCK_SECONDS) -> None:
         deadline = time.time() + timeout

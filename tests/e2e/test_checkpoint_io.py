@@ -124,7 +124,10 @@ def _slack(run: Run, what: str) -> float:
 
 
 def test_save_stalls_are_the_times_the_script_measured(run: Run) -> None:
-    measured = _script_seconds(run, "save")
+    # The save call alone: what the script does around it (the state dict, the rename) is its own, and on a loaded
+    # host (load 12) it made the script's whole window 41 ms longer than the calls over 3 saves.
+    calls = any(t["what"] == "save_call" for t in run.timings)  # plain_loop.py times them; the framework loops not
+    measured = _script_seconds(run, "save_call" if calls else "save")
     assert measured > 0
     assert run.report["badput_seconds"]["checkpoint_save"] == pytest.approx(measured, rel=0.10,
                                                                            abs=_slack(run, "save"))

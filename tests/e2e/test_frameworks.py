@@ -84,16 +84,18 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _redone(ranks: list[dict[str, Any]], attempt: int, after: int) -> tuple[float, float]:
-    """(time, longest step) of the steps an attempt ran beyond step ``after``: first start to last end on any
-    rank, less what a checkpoint save took meanwhile (a rank that waits for a saving peer starts its step early)."""
+def _redone(ranks: list[dict[str, Any]], attempt: int, after: int, detected: float) -> tuple[float, float]:
+    """(time, then to the failure) of the steps an attempt ran beyond step ``after``: first start to last end on any
+    rank, less what a checkpoint save took meanwhile (a rank that waits for a saving peer starts its step early);
+    then the time from that last end to the failure's detection (``detected``), which bounds the step the attempt
+    was in when it failed (on a loaded host longer than any step it completed)."""
     steps = [r for r in of_type(ranks, "step_completed") if r["attempt"] == attempt and r["step"] > after]
     if not steps:
         return 0.0, 0.0
     lo, hi = min(r["time"] - r["duration_seconds"] for r in steps), max(r["time"] for r in steps)
     saves = [(max(lo, s["time"] - s["total_seconds"]), min(hi, s["time"]))
              for s in of_type(ranks, "checkpoint_save_finished")]
-    return hi - lo - _union([(a, b) for a, b in saves if b > a]), max(r["duration_seconds"] for r in steps)
+    return hi - lo - _union([(a, b) for a, b in saves if b > a]), max(0.0, detected - hi)
 
 
 def _check(run_dir: Path, rep: dict[str, Any], *, steps: int, resumes: list[int], lost_steps: list[int],
@@ -113,14 +115,15 @@ def _check(run_dir: Path, rep: dict[str, Any], *, steps: int, resumes: list[int]
     assert rep["lost_progress_unknown"] is None
     assert not [w for w in rep["warnings"] if "unknown" in w]
     # Lost progress: the steps each failed attempt ran past the checkpoint it was resumed from, and the step it
-    # was in when it crashed (at most one step's time); ranks end a step milliseconds apart, and the overlap of
-    # one rank's last kept step with another's first redone one is productive.
-    redone = [_redone(ranks, attempt, after) for attempt, after in enumerate(resumes)]
+    # was in when it crashed (at most until the crash was detected); ranks end a step milliseconds apart, and the
+    # overlap of one rank's last kept step with another's first redone one is productive.
+    detected = {f["attempt"]: f["time"] for f in of_type(events(run_dir, "agent-"), "failure_detected")}
+    redone = [_redone(ranks, attempt, after, detected[attempt]) for attempt, after in enumerate(resumes)]
     assert [len({r["step"] for r in of_type(ranks, "step_completed") if r["attempt"] == a and r["step"] > after})
             for a, after in enumerate(resumes)] == lost_steps
     lost = rep["badput_seconds"]["lost_progress"]
     expected = sum(span for span, _ in redone)
-    assert expected - 0.05 <= lost <= expected + sum(longest for _, longest in redone) + 0.05, (lost, redone)
+    assert expected - 0.05 <= lost <= expected + sum(to_failure for _, to_failure in redone) + 0.05, (lost, redone)
     saves = of_type(ranks, "checkpoint_save_finished")
     loads = of_type(ranks, "checkpoint_loaded")
     if adapter:

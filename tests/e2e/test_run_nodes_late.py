@@ -2,7 +2,8 @@
 must give each round the same attempt number (the round's, from the rendezvous store) and the job must count one
 interruption for the one fault. Three agents of one rank each (``--nnodes 2:3``) on loopback; the late node is
 held with SIGSTOP between its health checks and its rendezvous, and let go once the others have started the round
-without it (waits on the run's records, not on the clock)."""
+without it (waits on the run's records, not on the clock); that round waits before its first step until the
+agents restart it for node2."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import pytest
 from tests.e2e._nodes import FAST_RDZV, agents, started
 from tests.e2e._run_helpers import STUCK_SECONDS, events, free_port, of_type, store_up, trainguard
 
-STEPS = 40
-"""Enough that the round without node2 is still training when node2 joins (about 0.25 s a step here): with 10, a CI
-run's last node finished the job's final step as the other restarted the round for node2, and the round after
-formed without it."""
+STEPS = 12
+HELD = 1
+"""The round without node2 waits before its first step until the agents restart it for node2 (hold_attempt.py).
+It trained before: with 10 steps a CI run's last node finished the job as the other restarted for node2, and with
+40 a run beside burners (load 13) finished in 5 s, before node2, let go, reached the rendezvous."""
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -36,7 +38,8 @@ def _records(run_dir: Path, prefix: str) -> list[dict]:
 def test_a_node_late_to_the_restart_joins_the_next_round_with_its_number(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
     with agents(tmp_path, nnodes="2:3", nproc=1, endpoint=endpoint, steps=STEPS,
-                inject="crash@step=4,rank=0,attempt=0", extra=("--max-restarts", "3", *FAST_RDZV)) as job:
+                inject="crash@step=4,rank=0,attempt=0", extra=("--max-restarts", "3", *FAST_RDZV),
+                hold_attempt=HELD) as job:
         job.start("node0")
         job.wait("node0's rendezvous store", lambda: store_up(endpoint))
         job.start("node1")
@@ -72,6 +75,7 @@ def test_a_node_late_to_the_restart_joins_the_next_round_with_its_number(tmp_pat
     assert sorted(h for h, a in ends if a == 0) == ["node0", "node1", "node2"]
     # The workers see the job's number too (the attempt of their steps).
     assert {s["attempt"] for s in of_type(records, "step_completed") if s["host"] == "node2"} == {0, 2}
+    assert {s["attempt"] for s in of_type(records, "step_completed")} == {0, 2}  # the held round made no step
     report = json.loads(trainguard("report", str(job.run_dir), "--json", timeout=120).stdout)
     assert [i["kind"] for i in report["interruptions"]] == ["crash"], report["interruptions"]
     assert report["completed_steps"] == STEPS

@@ -66,3 +66,30 @@ def test_a_handler_without_rounds_or_store_leaves_the_count_to_the_agent() -> No
     numbering = JobNumbering("j")
     assert numbering.after_rendezvous(no_store) is None
     assert numbering.after_rendezvous(_handler(dist.HashStore(), 1)) is None  # decided once per agent
+
+
+def test_the_round_is_the_one_joined_even_when_a_keep_alive_read_a_later_one() -> None:
+    # torch's own handler over a real TCPStore: after it joins, its keep-alive thread refreshes the state, and a
+    # peer restarting for a late node opens the next round. Read then, the round was the next one; two nodes of one
+    # round numbered it apart (a 3-node demo at load 12).
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from trainguard.torch_api.rendezvous import remember_joined_rounds, round_of
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=20))
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{store.port}", run_id="job", min_nodes=1,
+                                  max_nodes=1)
+    handler = create_handler(store, C10dRendezvousBackend(store, "job"), params)
+    try:
+        assert remember_joined_rounds(handler) and not remember_joined_rounds(handler)  # once
+        handler.next_rendezvous()
+        joined = handler._state_holder.state.round
+        handler._state_holder.state.round = joined + 1  # what a later read of the store brings
+        assert round_of(handler) == joined
+        assert JobNumbering("job").after_rendezvous(handler) == 0
+    finally:
+        handler.shutdown()

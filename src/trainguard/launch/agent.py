@@ -70,6 +70,7 @@ from trainguard.sdc import verdict as sdc
 from trainguard.sdc.response import CorruptionResponse
 from trainguard.torch_api.elastic import ElasticAgentBase
 from trainguard.torch_api.features import probe
+from trainguard.torch_api.rendezvous import remember_joined_rounds
 from trainguard.worker.bootstrap import site_dir
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class GuardAgent(ElasticAgentBase):
         self.ledger = Attempts(cfg.max_restarts, cfg.max_no_progress_attempts, in_process=cfg.in_process)
         """The attempt number, the restart budget and every decision after a failure (`trainguard.launch.attempts`)."""
         self.numbering = JobNumbering(cfg.run_id, lambda: admission.attempts_ended(self.layout))
+        remember_joined_rounds(spec.rdzv_handler)  # the round as joined, not as a later keep-alive read it
         """The attempt number from the rendezvous round (`trainguard.launch.numbering`)."""
         self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
         """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""
@@ -238,6 +240,8 @@ class GuardAgent(ElasticAgentBase):
             self.ledger.joined(admission.attempts_ended(self.layout))
         self.beat.set_attempt(self.attempt)
         self.leader = worker_group.group_rank == 0
+        if self.store_link is not None:
+            self.store_link.share(lead=self.leader)
         # Only the first attempt's leader starts the run: one that took over from a lost leader must not.
         if self.leader and self.attempt == 0 and not self.run_started_written:
             self._write_run_started(worker_group)

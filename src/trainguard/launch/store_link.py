@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainguard.torch_api.rendezvous import can_count_spares, sync_waiting
+from trainguard.launch.shared_waiting import SharedWaiting
+from trainguard.torch_api.rendezvous import can_count_spares, round_of, store_of, sync_waiting
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class StoreLink:
         self._last_ok_sent = self._last_ok
         """When the last answered read was sent: `confirm` wants one sent after it was asked."""
         self._latest: dict[str, Any] = {}
+        self._shared: SharedWaiting | None = None
+        """The round's shared count (`share`); None: each read is of the whole state."""
 
     @classmethod
     def attach(cls, handler: Any, endpoint: str, lost_after_seconds: float) -> StoreLink | None:
@@ -92,6 +95,7 @@ class StoreLink:
         """No reads from now on (a rendezvous round runs torch's own on the main thread)."""
         with self._probe:
             self._paused = True
+            self._shared = None
             self._waiting = 0  # read before the round: the nodes it counted are in the job now, or gone
 
     def resume(self) -> None:
@@ -101,6 +105,24 @@ class StoreLink:
             self._waiting = 0
             self._error = None
             self._last_ok = time.monotonic()
+
+    def share(self, lead: bool) -> None:
+        """Read the wait-list count through the round just joined (`trainguard.launch.shared_waiting`):
+        ``lead`` when this node has group rank 0 in it. Called on the main thread after `resume`."""
+        store, round_no = store_of(self.handler), round_of(self.handler)
+        if store is None or round_no is None:
+            return
+        try:
+            run_id = str(self.handler.get_run_id())
+        except Exception:  # a handler without a run id: keep reading the whole state
+            return
+        with self._probe:
+            self._shared = SharedWaiting(store, run_id, round_no, lead, lambda: sync_waiting(self.handler))
+
+    def full_reads(self) -> int:
+        """Whole-state reads made through the current round's shared count (0 without one)."""
+        shared = self._shared
+        return shared.full_reads if shared is not None else 0
 
     def touch(self) -> None:
         """The store just answered (a rendezvous round completed)."""
@@ -148,7 +170,8 @@ class StoreLink:
                 if self._paused:
                     continue
                 try:
-                    self._waiting = sync_waiting(self.handler)
+                    shared = self._shared
+                    self._waiting = shared.read() if shared is not None else sync_waiting(self.handler)
                 except Exception as exc:  # unreachable, timed out, closed: the silence says it
                     self._error = exc
                     self._failures += 1

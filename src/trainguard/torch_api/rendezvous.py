@@ -72,9 +72,43 @@ def sync_waiting(handler: Any) -> int:
         return len(holder.state.wait_list)
 
 
+def store_of(handler: Any) -> Any | None:
+    """The store the dynamic handler keeps its state in (its ``_store``), or None."""
+    return getattr(handler, "_store", None)
+
+
+_JOINED = "_trainguard_joined_round"
+_WRAPPED = "_trainguard_remembers_round"
+
+
+def remember_joined_rounds(handler: Any) -> bool:
+    """Make `round_of` exact: remember the round at the moment ``handler`` joins it. torch's handler starts its
+    keep-alive thread right after joining (``_start_heartbeats``), and that thread refreshes the state from the store:
+    read later (after the agents' rank exchange, seconds on a loaded host), the state could already be of the next
+    round, which a peer restarting for a late node had opened, and two nodes of one round numbered it apart (a 3-node
+    demo at load 12). Wraps this handler's ``_start_heartbeats``; False where the handler has none."""
+    original = getattr(handler, "_start_heartbeats", None)
+    holder = getattr(handler, "_state_holder", None)
+    if not callable(original) or holder is None or getattr(original, _WRAPPED, False):
+        return False
+
+    def start_heartbeats() -> Any:
+        value = getattr(getattr(holder, "state", None), "round", None)
+        setattr(handler, _JOINED, value if isinstance(value, int) else None)
+        return original()
+
+    setattr(start_heartbeats, _WRAPPED, True)
+    handler._start_heartbeats = start_heartbeats
+    return True
+
+
 def round_of(handler: Any) -> int | None:
     """The rendezvous round this node has just joined (job-wide: every node of the round reads the same number from
-    the store), or None for a handler without rounds (static, the etcd v1 handler)."""
+    the store), or None for a handler without rounds (static, the etcd v1 handler). Exact once
+    `remember_joined_rounds` wrapped the handler; else the state as last read."""
+    joined = getattr(handler, _JOINED, None)
+    if isinstance(joined, int):
+        return joined
     holder = getattr(handler, "_state_holder", None)
     state = getattr(holder, "state", None)
     value = getattr(state, "round", None)
