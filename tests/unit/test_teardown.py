@@ -79,3 +79,18 @@ def test_destroying_the_default_group_says_done_before_torch_tears_it_down(monke
     dist.destroy_process_group()
     assert calls == [("subgroup", []), (None, ["done"])]  # "done" was written before torch's own call
     assert dist.destroy_process_group.__wrapped__ is destroy_process_group
+
+
+def test_the_console_says_so_by_default() -> None:
+    # trainguard.launch logs only errors on a default console; a rank the agent ended must still be said
+    from trainguard.cli.run import quiet_torch_logs
+
+    names = ("torch.distributed.elastic", "trainguard.launch", "trainguard.launch.warm", "trainguard.launch.teardown")
+    levels = {name: logging.getLogger(name).level for name in names}
+    try:
+        quiet_torch_logs(0)
+        assert logging.getLogger("trainguard.launch.teardown").isEnabledFor(logging.WARNING)
+        assert not logging.getLogger("trainguard.launch.agent").isEnabledFor(logging.WARNING)
+    finally:  # the loggers are this process's: leave them as the other tests expect
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

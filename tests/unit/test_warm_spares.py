@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,46 @@ def test_trainguards_own_scripts_are_fit_for_a_warm_start() -> None:
             "print(p.count, p.unfit)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "2 None", out.stdout + out.stderr[-2000:]
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _settles(pid: int, stopped: bool) -> bool:
+    """Whether ``pid`` reaches the stopped state (or leaves it): a signal takes effect once the kernel delivers it."""
+    deadline = time.monotonic() + 60
+    while (_state(pid) == "T") != stopped:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_spares_still_importing_are_held_while_a_restart_starts_cold(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A spare still importing competed with the cold ranks of a restart for the CPUs (Lightning Fabric at load 12:
+    # 21 s cold against torchrun's 14 s); it is stopped until the restarted ranks have stepped.
+    pool = WarmSpares(2, ("-u", "train.py"), tmp_path, 1.0, eager=False, local_ranks=2)
+    ready_log, loading_log = tmp_path / "ready.log", tmp_path / "loading.log"
+    ready_log.write_text("warm spare 1: 12 modules loaded in 2.00s; waiting\n")
+    loading_log.write_text("")  # no "waiting" line yet: importing
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    try:
+        ready, loading = procs
+        pool.spares = [ready, loading]
+        pool._logs = {ready.pid: ready_log, loading.pid: loading_log}
+        monkeypatch.setattr(warm, "can_adopt", lambda: True)
+        assert pool.claim([0, 1]) == [0]  # one rank warm, the other cold
+        assert pool.held == [loading] and _settles(loading.pid, stopped=True) and _state(ready.pid) != "T"
+        pool.top_up(False, 1.0)  # the restarted ranks have not stepped yet
+        assert _state(loading.pid) == "T"
+        pool.top_up(True, 1.0)
+        assert pool.held == [] and _settles(loading.pid, stopped=False)
+        pool.claim([0])  # every rank warm: nothing held
+        assert pool.held == []
+    finally:
+        pool.close()
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)

@@ -10,6 +10,7 @@ same for the failed ranks. The pool is topped up once the new attempt is trainin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,9 @@ script's own imports."""
 MEMORY_SHARE = 0.25
 """At most this share of the node's available memory goes to spares."""
 FILL_AFTER_SECONDS = 5.0
+HOLD_AT_MOST_SECONDS = 30.0
+"""A spare held during a cold restart (`WarmSpares.claim`) goes on importing after this long even if the restarted
+ranks have not completed a step by then."""
 """On a node without a CPU for every worker and every spare (`starts_with_the_job`), an automatically sized
 pool is filled once the attempt has completed a step and run this long: spares importing torch while the
 workers start would slow that start on every job, and a job failing in its first seconds is usually failing
@@ -95,6 +99,8 @@ class WarmSpares:
         loading them ahead reads a rank's variables (one probe per job)."""
         self.unfit: str | None = None
         """Why spares cannot take a rank warm even without those imports: the pool is not refilled."""
+        self.held: list[subprocess.Popen[bytes]] = []
+        """Spares stopped (SIGSTOP) while they import, so that a cold restart's ranks have the CPUs (`claim`)."""
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
@@ -204,8 +210,30 @@ class WarmSpares:
 
     def claim(self, local_ranks: list[int]) -> list[int]:
         """The local ranks spares take at a restart: one per rank while ready ones last (a spare still importing
-        is left for the next restart: its rank starts cold now rather than wait for it)."""
-        return local_ranks[:self.ready()] if can_adopt() else []
+        is left for the next restart: its rank starts cold now rather than wait for it). When some rank starts
+        cold, the spares still importing are held (SIGSTOP) until the restarted ranks have stepped (`top_up`):
+        their imports competed with the cold ranks' own for the CPUs, and the restart was slower than without a
+        pool (Lightning Fabric at load 12: 21 s cold against torchrun's 14 s)."""
+        warm = local_ranks[:self.ready()] if can_adopt() else []
+        if len(warm) < len(local_ranks):
+            self._hold_loading()
+        return warm
+
+    def _hold_loading(self) -> None:
+        for proc in self.spares:
+            if proc.poll() is None and proc not in self.held and b"waiting" not in self._log_tail(proc):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    self.held.append(proc)
+        if self.held:
+            log.info("warm spares: %d still importing, held while the restart's cold ranks start", len(self.held))
+
+    def release(self) -> None:
+        """Let the held spares go on importing."""
+        for proc in self.held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+        self.held = []
 
     def adopter(self, ranks: list[int]) -> Adopt:
         """What torch's process start asks for each local rank: a spare for ``ranks``, else None (cold)."""
@@ -222,8 +250,11 @@ class WarmSpares:
         return adopt
 
     def top_up(self, trained: bool, running_seconds: float) -> None:
-        """`fill`; an automatically sized pool only once the attempt has ``trained`` (completed a step) and run
+        """Release the spares held for a cold restart once the attempt has ``trained`` (completed a step), or after
+        `HOLD_AT_MOST_SECONDS`; `fill`: an automatically sized pool only once the attempt has trained and run
         `FILL_AFTER_SECONDS`."""
+        if self.held and (trained or running_seconds >= HOLD_AT_MOST_SECONDS):
+            self.release()
         if self.eager or (trained and running_seconds >= FILL_AFTER_SECONDS):
             self.fill()
 
@@ -246,6 +277,7 @@ class WarmSpares:
 
     def close(self) -> None:
         """Stop every waiting spare (end of the run)."""
+        self.release()  # a stopped process would not act on the SIGTERM before the grace ran out
         alive = [p for p in self.spares if p.poll() is None]
         if alive:
             stop_processes(alive, self.grace_seconds, signal.SIGTERM)
