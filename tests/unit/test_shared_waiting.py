@@ -39,7 +39,8 @@ def test_followers_read_the_leaders_count_not_the_state(store: TCPStore) -> None
         assert leader.read() == waiting  # up, down, back to zero: deltas add up to the count
         assert [f.read() for f in followers] == [waiting] * 4
     assert leader.full_reads == 6
-    assert [f.full_reads for f in followers] == [1, 0, 0, 0]
+    # a count above zero is confirmed from the (signed) state: 4 such reads of the 6 (2, 2, 1, 5)
+    assert [f.full_reads for f in followers] == [1 + 4, 4, 4, 4]
     # another round's keys are its own
     assert SharedWaiting(store, "job", 4, False, lambda: 7).read() == 7
 
@@ -54,5 +55,18 @@ def test_a_follower_reads_the_state_itself_once_the_leader_stops_publishing(stor
     seen = [follower.read() for _ in range(STALE_READS)]
     assert seen[:-1] == [0] * (STALE_READS - 1)  # the leader's last count, for a few reads
     assert seen[-1] == 1 and follower.full_reads == 1
-    leader.read()  # the leader is back: the follower takes its count again
-    assert follower.read() == 1 and follower.full_reads == 1
+    leader.read()  # the leader is back: its count (1) is confirmed from the state
+    assert follower.read() == 1 and follower.full_reads == 2
+    state.waiting = 0
+    leader.read()
+    assert follower.read() == 0 and follower.full_reads == 2  # "nobody waits" needs no state read
+
+
+def test_a_forged_count_costs_a_state_read_not_a_restart(store: TCPStore) -> None:
+    # The integers are not signed (torch's state is): a count written by someone else is checked before use.
+    state = _State()
+    leader = SharedWaiting(store, "job", 2, True, state.read)
+    follower = SharedWaiting(store, "job", 2, False, state.read)
+    leader.read()
+    store.add("trainguard/job/waiting/2/count", 5)  # a forger
+    assert follower.read() == 0 and follower.full_reads == 1

@@ -9,8 +9,10 @@ others read the integers. A follower reads the state itself while no leader has 
 when the leader's beat stopped moving (it is in a new rendezvous, stopped or gone): never a count older than a few
 reads. Integers through ``add`` because every store has it and it never blocks (``get`` waits for a missing key).
 
-What a forged count could do (restart the job's workers for a node that is not there), a local user with the
-store's port can already do to torch's own state, which is not signed either (docs/security.md).
+The integers cannot carry the job's signature (torch's state does: `trainguard.launch.signed_rendezvous`), so they
+only ever say "nobody waits": a follower that reads a count above zero reads the signed state itself before its
+agent acts. A forged count costs that read, not a restart; a forged beat can only delay a late node's admission
+while the forger keeps writing (docs/security.md).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class SharedWaiting:
             self._same += 1
         if beat == 0 or self._same >= STALE_READS:  # no leader has published yet, or it stopped
             return self._full()
-        return int(self.store.add(self._count_key, 0))
+        if int(self.store.add(self._count_key, 0)) > 0:  # unsigned: confirmed from the signed state before use
+            return self._full()
+        return 0
 
     def _full(self) -> int:
         self.full_reads += 1
