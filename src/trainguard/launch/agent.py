@@ -102,8 +102,8 @@ class GuardAgent(ElasticAgentBase):
         self.ledger = Attempts(cfg.max_restarts, cfg.max_no_progress_attempts, in_process=cfg.in_process)
         """The attempt number, the restart budget and every decision after a failure (`trainguard.launch.attempts`)."""
         self.numbering = JobNumbering(cfg.run_id, lambda: admission.attempts_ended(self.layout))
-        remember_joined_rounds(spec.rdzv_handler)  # the round as joined, not as a later keep-alive read it
         """The attempt number from the rendezvous round (`trainguard.launch.numbering`)."""
+        remember_joined_rounds(spec.rdzv_handler)  # the round as joined, not as a later keep-alive read it
         self.run_logs = RunDirLogs(cfg, lambda: self.attempt)
         """Where the workers' output goes; its pump tails the console and caps the files (`finish` at each stop)."""
         super().__init__(spec, logs_specs=self.run_logs, exit_barrier_timeout=120,

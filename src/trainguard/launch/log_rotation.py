@@ -69,7 +69,7 @@ def _copy(src: int, dst: int, start: int, end: int) -> int:
     return pos
 
 
-def _copy_and_truncate(src: int, dst: int, path: Path, keep: int) -> int:
+def _copy_and_truncate(src: int, dst: int, keep: int) -> int:
     size = os.fstat(src).st_size
     pos = max(0, size - keep) if keep > 0 else 0
     while True:  # catch up with the writer until what is left is small, then cut at once
@@ -79,7 +79,7 @@ def _copy_and_truncate(src: int, dst: int, path: Path, keep: int) -> int:
             break
     while (n := os.sendfile(dst, src, pos, COPY_BYTES)) > 0:
         pos += n
-    os.truncate(path, 0)
+    os.ftruncate(src, 0)
     return pos
 
 
@@ -103,9 +103,9 @@ def rotate(path: Path, keep: int = 0) -> int:
                 else:  # start the copy over, the whole file this time
                     os.ftruncate(dst, 0)
                     os.lseek(dst, 0, os.SEEK_SET)
-                    removed = _copy_and_truncate(src, dst, path, keep)
+                    removed = _copy_and_truncate(src, dst, keep)
             else:
-                removed = _copy_and_truncate(src, dst, path, keep)
+                removed = _copy_and_truncate(src, dst, keep)
         except BaseException:
             os.close(dst)
             with contextlib.suppress(OSError):

@@ -119,11 +119,6 @@ class StoreLink:
         with self._probe:
             self._shared = SharedWaiting(store, run_id, round_no, lead, lambda: sync_waiting(self.handler))
 
-    def full_reads(self) -> int:
-        """Whole-state reads made through the current round's shared count (0 without one)."""
-        shared = self._shared
-        return shared.full_reads if shared is not None else 0
-
     def touch(self) -> None:
         """The store just answered (a rendezvous round completed)."""
         self._last_ok = time.monotonic()

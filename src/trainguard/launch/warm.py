@@ -148,9 +148,13 @@ class WarmSpares:
         except (OSError, KeyError):
             return b""
 
+    def _importing(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether ``proc`` is still importing (its log has no ``waiting`` line yet)."""
+        return b"waiting" not in self._log_tail(proc)
+
     def _loading(self) -> bool:
-        """Whether a spare is still importing (its log has no ``waiting`` line yet)."""
-        return any(b"waiting" not in self._log_tail(p) for p in self.spares)
+        """Whether a spare is still importing."""
+        return any(self._importing(p) for p in self.spares)
 
     def ready(self) -> int:
         """Spares that wait for a rank and can take it warm: a restart hands ranks only to these, never to one
@@ -221,7 +225,7 @@ class WarmSpares:
 
     def _hold_loading(self) -> None:
         for proc in self.spares:
-            if proc.poll() is None and proc not in self.held and b"waiting" not in self._log_tail(proc):
+            if proc.poll() is None and proc not in self.held and self._importing(proc):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGSTOP)
                     self.held.append(proc)
