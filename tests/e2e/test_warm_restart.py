@@ -123,13 +123,22 @@ def test_warm_spares_0_restarts_cold(tmp_path: Path) -> None:
 def test_a_pool_that_starts_with_the_job_is_ready_for_a_crash_at_the_second_step(tmp_path: Path) -> None:
     # The pool fills ahead of the workers (a count asked for always does; an automatic one where the node has an
     # idle CPU for every worker and spare, tests/unit/test_warm_spares.py). Before, it filled at the agent's
-    # first look at the running workers, behind the worker's own imports.
-    run_dir, out, step_log = tmp_path / "run", tmp_path / "out.json", tmp_path / "steps"
+    # first look at the running workers, behind the worker's own imports. Ordered by events, not by the clock:
+    # the spare exists when the worker's first step is logged, and the crash comes once the spare waits (on a
+    # busy machine the spare's imports can outlast the worker's first steps; a fixed crash step then failed).
+    run_dir, out, step_log, crash = tmp_path / "run", tmp_path / "out.json", tmp_path / "steps", tmp_path / "crash"
     proc = start_trainguard(
         "run", "--nproc-per-node", "1", "--run-dir", str(run_dir), "--max-restarts", "1", "--warm-spares", "1",
-        "--json", "--", str(PLAIN), "--steps", "8", "--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "5",
-        "--step-seconds", "0.02", "--crash-rank", "0", "--crash-step", "2", "--step-log", str(step_log), log=out)
+        "--json", "--", str(PLAIN), "--steps", "100000", "--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "5",
+        "--step-seconds", "0.02", "--crash-rank", "0", "--crash-file", str(crash), "--step-log", str(step_log),
+        "--stop-file", str(tmp_path / "stop"), log=out)
     try:
+        _wait("the first step", lambda: len(_steps(step_log)) >= 1, proc)
+        assert _spare_logs(run_dir), "no spare had started by the worker's first step"
+        _wait("a waiting spare", lambda: _waiting_spares(run_dir) >= 1, proc)
+        crash.touch()
+        _wait("a step after the restart", lambda: any(s["restart"] == 1 for s in _steps(step_log)), proc)
+        (tmp_path / "stop").touch()
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
@@ -138,4 +147,3 @@ def test_a_pool_that_starts_with_the_job_is_ready_for_a_crash_at_the_second_step
     assert json_result(out)["status"] == "completed"
     started = of_type(events(run_dir, "agent-"), "attempt_started")
     assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 1)], out.read_text()[-3000:]
-    assert max(s["step"] for s in _steps(step_log) if s["restart"] == 1) == 8
