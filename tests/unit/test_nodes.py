@@ -106,6 +106,19 @@ def test_settle_names_a_silent_peer_within_the_timeout_and_a_beat(tmp_path: Path
     assert 1.0 <= took <= 1.0 + nodes.BEAT_INTERVAL_SECONDS + 0.5
 
 
+def test_settle_names_a_dead_peer_whose_last_beat_it_first_reads_long_after_the_failure(tmp_path: Path) -> None:
+    # A 3-node demo at load 12: a node died; the peer's workers exited with errors, and gathering their evidence took
+    # seconds, so the agent read the dead node's last beat for the first time past the bound counted from the
+    # failure. Its silence had been judged from that first read and could not reach the timeout by then: settle
+    # returned nobody lost and the node's death was recorded as the peer's own error exit.
+    watch = nodes.PeerWatch(tmp_path, "n0", lost_after_seconds=1.0)
+    nodes.BeatWriter(tmp_path, "n1")._write("running")  # its last beat, never read before the failure
+    failed_at = time.monotonic() - 3.0  # the failure was seen 3 s ago
+    lost = watch.settle(["n1"], failed_at)
+    assert [n.node for n in lost] == ["n1"]
+    assert lost[0].silent_seconds > 1.0
+
+
 def test_the_evidence_of_a_lost_node_holds_its_beat_heartbeats_and_log_tails(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path)
     nodes.BeatWriter(tmp_path, "n1")._write("running")

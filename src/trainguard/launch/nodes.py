@@ -171,13 +171,18 @@ class PeerWatch:
 
     def settle(self, peers: Iterable[str], since_mono: float, poll_seconds: float = 0.2) -> list[LostNode]:
         """After a failure at ``since_mono``: wait until every peer beat again (none lost: []) or some peer
-        is lost. Bounded by ``lost_after_seconds`` + one beat interval past ``since_mono``."""
+        is lost. Bounded by ``lost_after_seconds`` + one beat interval past ``since_mono``, or past the first
+        sighting of a silent peer's current beat when that came later: a beat first read after the failure (the
+        agent was busy gathering evidence, or never read that peer) has its silence counted from that read, and a
+        bound from the failure alone would end the wait before a dead peer could be called lost."""
         others = sorted(set(peers) - {self.node})
-        deadline = since_mono + self.lost_after_seconds + BEAT_INTERVAL_SECONDS + poll_seconds
+        slack = self.lost_after_seconds + BEAT_INTERVAL_SECONDS + poll_seconds
         while True:
             now = time.monotonic()
             lost = self.observe(others, now)
-            if lost or all(self.changed_since(p, since_mono) for p in others) or now > deadline:
+            silent = [p for p in others if not self.changed_since(p, since_mono)]
+            deadline = max([since_mono] + [self._seen[p][1] for p in silent if p in self._seen]) + slack
+            if lost or not silent or now > deadline:
                 return lost
             time.sleep(poll_seconds)
 
