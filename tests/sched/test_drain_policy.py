@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from trainguard.cli import main
+from trainguard.core.event_decoding import from_dict
 from trainguard.core.eventlog import EventWriter
-from trainguard.core.events import Diagnosis, NodeDrained, NodeReturned, RunStarted, from_dict
+from trainguard.core.events import Diagnosis, NodeDrained, NodeReturned, RunStarted
 from trainguard.health.base import CheckResult
 from trainguard.health.drain import (
     DrainPolicy,

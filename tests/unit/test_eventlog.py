@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core.event_decoding import from_dict
 from trainguard.core.eventlog import EventWriter, SkippedRecords, iter_events, read_events
-from trainguard.core.events import RECORD_TYPES, FailureDetected, StepCompleted, from_dict
+from trainguard.core.events import RECORD_TYPES, FailureDetected, StepCompleted
 from trainguard.errors import EventFormatError, InputError, SchemaVersionError
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from trainguard.core.event_decoding import INT_LIMIT, RecordError, from_dict
 from trainguard.core.eventlog import SkippedRecords, read_events
-from trainguard.core.events import INT_LIMIT, RECORD_TYPES, RecordError, StepCompleted, from_dict
+from trainguard.core.events import RECORD_TYPES, StepCompleted
 
 
 def _valid(cls: type) -> dict[str, Any]:

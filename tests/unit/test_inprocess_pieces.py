@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from trainguard.core import protocol
-from trainguard.core.events import AttemptStarted, InProcessRecovery, from_dict
+from trainguard.core.event_decoding import from_dict
+from trainguard.core.events import AttemptStarted, InProcessRecovery
 from trainguard.launch.config import SupervisorConfig
 from trainguard.launch.store_auth import StoreSigner
 from trainguard.worker.inprocess import InProcessGaveUp, InProcessSettings, SignedKeys, _next_attempt, peer_failure

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainguard.core.events import SCHEMA_VERSION, Event, from_dict
+from trainguard.core.event_decoding import from_dict
+from trainguard.core.events import SCHEMA_VERSION, Event
 from trainguard.errors import EventFormatError, InputError, SchemaVersionError, StorageError
 
 log = logging.getLogger(__name__)
