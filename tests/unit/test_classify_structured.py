@@ -95,3 +95,42 @@ def test_sigterm_is_a_stop_and_torchelastics_closing_signal_is_no_kill() -> None
     assert c.explanation.startswith("the process stopped by SIGTERM from outside the job")
     c = classify_text("Sending process 321 closing signal SIGTERM\n", "x.log")
     assert "from outside the job" not in c.explanation
+
+
+def test_a_real_pasted_markdown_table_of_dcgm_fields_is_read_as_fields() -> None:
+    # github.com/NVIDIA/DCGM/issues/313 (corpus batch 4): a GB200's DCGM fields pasted as a markdown table, grouped
+    # digits and code marks as the reporter wrote them. Read as name=value records, one per row, line for line.
+    text = (REAL / "dcgm-fields-sbe-ecc-storm-dcgm-313.log").read_text()
+    data = as_structured(text)
+    assert data is not None
+    lines = data.split("\n")
+    assert len(lines) == len(text.split("\n"))
+    assert "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=54731746511" in lines
+    assert "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS=8" in lines
+    assert "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS=0" in lines
+    # Its uncorrectable counters are 0: no rule may read them as an uncorrectable error. (The thread's cause, a
+    # storm of correctable errors, has no rule: docs/classify.md, batch 4.)
+    c = classify_paths([REAL / "dcgm-fields-sbe-ecc-storm-dcgm-313.log"])[0]
+    assert (c.category, c.evidence) == ("Unknown", ()), c.evidence
+
+
+def test_a_markdown_table_with_a_nonzero_uncorrectable_field_is_hbm() -> None:
+    text = ("GPU 3 after the job died:\n\n| Field | Value |\n|---|---|\n| `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL` | 0 |\n"
+            "| `DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS` | 2 |\n")
+    c = classify_text(text, "pasted.md")
+    assert c.category == "GPU HBM3 Memory"
+    assert [e.line for e in c.evidence] == [6]  # the pasted text's own line
+    # a table with more columns: one record per row under the header's names
+    rows = as_structured("| gpu | field | value |\n| --- | --- | ---: |\n| 0 | temp | 61 |\n| 1 | temp | 1,024 |\n")
+    assert rows is not None and rows.split("\n")[2:4] == ["gpu=0 field=temp value=61", "gpu=1 field=temp value=1024"]
+
+
+def test_nvidia_smi_boxes_and_prose_with_pipes_are_no_markdown_table() -> None:
+    smi = ("+-----------------------------------------------------------------------------+\n"
+           "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2     |\n"
+           "|-------------------------------+----------------------+----------------------+\n"
+           "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |\n"
+           "|===============================+======================+======================|\n"
+           "|   0  NVIDIA H100 80G...  On   | 00000000:18:00.0 Off |                    0 |\n")
+    assert as_structured(smi) is None
+    assert as_structured("a | b\nc | d\n") is None

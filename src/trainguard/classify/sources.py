@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainguard.classify.scan import Accumulator, Readable, Scanner
-from trainguard.classify.structured import as_structured, is_table_header
+from trainguard.classify.structured import as_structured, is_table_header, markdown_records
 from trainguard.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,13 @@ def check_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
 
 
 def _structured(path: Path, head: bytes) -> str | None:
-    """The text to scan of a JSON document (a torchelastic error.json, a telemetry export) or a CSV table, or None
-    for a log (read as lines). Decided by the content, so a document named ``.log`` or ``.txt`` is read as data."""
+    """The text to scan of a JSON document (a torchelastic error.json, a telemetry export), a CSV table or text with
+    markdown tables (pasted diagnostics), or None for a log (read as lines). Decided by the content, so a document
+    named ``.log`` or ``.txt`` is read as data."""
     first = head.lstrip()[:1]
-    table = path.suffix in (".csv", ".tsv") or is_table_header(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
+    sniffed = head.decode("utf-8", "replace")
+    table = (path.suffix in (".csv", ".tsv") or is_table_header(sniffed.split("\n", 1)[0])
+             or ("|" in sniffed and markdown_records(sniffed) is not None))
     if path.stat().st_size > JSON_MAX_BYTES or not (first in (b"{", b"[") or table):
         return None
     try:

@@ -129,6 +129,46 @@ def csv_records(text: str) -> list[str] | None:
     return out
 
 
+_MD_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)+\|?\s*$")
+_MD_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_GROUPED_DIGITS = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?![\w,])")
+_VALUE_HEADERS = {"value", "values", "count", "reading", "result", "status"}
+
+
+def _md_cells(line: str) -> list[str]:
+    """A markdown table row's cells: code marks dropped, grouped digits joined (``54,731`` -> ``54731``)."""
+    cells = line.strip().strip("|").split("|")
+    return [_GROUPED_DIGITS.sub(lambda m: m.group(0).replace(",", ""), c.strip().replace("`", "")) for c in cells]
+
+
+def markdown_records(text: str) -> list[str] | None:
+    """The lines of ``text`` with every markdown table's rows as records, or None when it holds no table (a header
+    row of cells, then a ``|---|---|`` row: nvidia-smi's boxes, ``+---+`` and ``|===|``, are no such table). A
+    two-column table of names and values (``| Field | Value |``) gives one ``name=value`` line per row, any other
+    one record per row under the header's names. Other lines stay as they are, and the line count too, so
+    evidence points at the pasted text's own lines."""
+    lines = text.split("\n")
+    out = list(lines)
+    found = False
+    i = 1
+    while i < len(lines):
+        if _MD_SEPARATOR.match(lines[i]) and _MD_ROW.match(lines[i - 1]):
+            header = _md_cells(lines[i - 1])
+            pairs = len(header) == 2 and header[1].lower() in _VALUE_HEADERS
+            j = i + 1
+            while j < len(lines) and _MD_ROW.match(lines[j]):
+                cells = _md_cells(lines[j])
+                if pairs and len(cells) == 2 and cells[0]:
+                    out[j] = f"{cells[0].replace(' ', '_')}={cells[1]}"
+                elif len(cells) == len(header):
+                    out[j] = record_line(dict(zip(header, cells, strict=True))) or lines[j]
+                j += 1
+            found = found or j > i + 1
+            i = j
+        i += 1
+    return out if found else None
+
+
 def _json_strings(value: Any, out: list[str]) -> None:
     """Every string of a JSON document, in document order, tracebacks first for torchelastic files."""
     if isinstance(value, str):
@@ -149,7 +189,8 @@ def json_text(doc: Any) -> str:
 
 
 def as_structured(text: str) -> str | None:
-    """The text to scan when ``text`` is a JSON document or a CSV table, else None (a log: read it as lines)."""
+    """The text to scan when ``text`` is a JSON document, a CSV table or text holding markdown tables (pasted
+    diagnostics), else None (a log: read it as lines)."""
     head = text.lstrip()[:1]
     if head in ("{", "["):
         try:
@@ -157,4 +198,6 @@ def as_structured(text: str) -> str | None:
         except (ValueError, RecursionError):
             return None  # a log line that starts with a bracket
     rows = csv_records(text)
+    if rows is None:
+        rows = markdown_records(text)
     return "\n".join(rows) if rows is not None else None
