@@ -172,6 +172,25 @@ def test_a_rank_frozen_in_teardown_after_its_training_is_ended_and_counted_as_fi
     assert rep["attempts"] == 1
 
 
+def test_a_rank_that_crashes_in_its_teardown_after_its_training_is_counted_as_finished(tmp_path: Path) -> None:
+    # At load, a Hugging Face rank of a CI run printed its last line and died by SIGABRT at exit ("terminate called
+    # without an active exception": torch's C++ teardown, the script never destroyed its group); the finished job
+    # restarted. Here rank 0 dies so after its interpreter finished, while rank 1 still lingers: rank 1 must not be
+    # stopped, and nothing restarts.
+    proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20,
+                               extra=("--no-destroy", "--abort-at-exit-rank", "0", "--linger-rank", "1",
+                                      "--linger-seconds", "3"))
+    _wait(proc, tmp_path)
+    agent = events(run_dir, "agent-")
+    assert of_type(agent, "failure_detected") == []
+    assert len(of_type(agent, "attempt_started")) == 1
+    assert [e["reason"] for e in of_type(agent, "attempt_ended")] == ["completed"]
+    evidence = (RunLayout(run_dir).diagnostics_dir(0) / "teardown_rank_0.txt").read_text()
+    assert "died by SIGABRT in its teardown" in evidence, evidence
+    assert "rank 1: done" in RunLayout(run_dir).rank_stdout(0, 1).read_text()
+    assert _check_report_adds_up(run_dir, 20)["attempts"] == 1
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_kill_9_of_a_rank(tmp_path: Path, script: Path) -> None:
     proc, run_dir, _ = _launch(tmp_path, script, steps=50)

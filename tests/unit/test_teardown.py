@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.core.protocol import Heartbeat
-from trainguard.launch.teardown import end_frozen, stuck_in_teardown
+from trainguard.launch.teardown import crashed_after_done, end_frozen, note_crashed, stuck_in_teardown
 from trainguard.worker import autohooks, runtime
 
 
@@ -32,6 +32,20 @@ def test_only_ranks_done_with_training_whose_node_peers_all_finished_are_stuck_i
     assert stuck_in_teardown([0], {0: stepping}, [0, 1], finished={1}) == ()
     assert stuck_in_teardown([0], {0: None}, [0, 1], finished={1}) == ()
     assert stuck_in_teardown([], {}, [0], finished=set()) == ()
+
+
+def test_only_a_crash_signal_after_done_is_a_teardown_crash(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    done, stepping = beat("done"), beat("step")
+    codes = {0: -6, 1: -11, 2: -6, 3: 1, 4: -9, 5: -15, 6: -6}
+    beats = {0: done, 1: done, 2: stepping, 3: done, 4: done, 5: done, 6: None}
+    # SIGABRT / SIGSEGV after done: the teardown. A crash while training, an error exit (the script's own
+    # sys.exit(1) also runs the atexit that says done), a kill from outside, no heartbeat: failures as before.
+    assert crashed_after_done(codes, beats) == {0: -6, 1: -11}
+    with caplog.at_level(logging.WARNING, logger="trainguard.launch.teardown"):
+        assert note_crashed({0: -6}, beats, 12.5, tmp_path) == {0}
+    text = (tmp_path / "teardown_rank_0.txt").read_text()
+    assert "rank 0 finished its training 2.5s before its process died by SIGABRT" in text
+    assert "died by SIGABRT in its teardown; counted it as finished" in caplog.text
 
 
 def test_a_frozen_process_is_written_down_then_killed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

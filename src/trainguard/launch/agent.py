@@ -342,6 +342,16 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
                 failed[rank] = int(code)
         return failed
 
+    def _without_teardown_crashes(self, wg: WorkerGroup, failed: dict[int, int]) -> dict[int, int]:
+        """``failed`` less the ranks that crashed in their teardown after their training was over (`teardown`),
+        which are counted as finished from now on."""
+        beats = self._read_beats(wg)
+        crashed = teardown.crashed_after_done(failed, beats)
+        if not crashed:
+            return failed
+        self._ended_in_teardown |= teardown.note_crashed(crashed, beats, time.monotonic(), self.diag_dir())
+        return {r: c for r, c in failed.items() if r not in crashed}
+
     def _finished(self, wg: WorkerGroup) -> set[int]:
         """Global ranks whose process already ended with exit code 0.
 
@@ -363,6 +373,8 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         if marker is not None:
             return self._on_sdc(worker_group, marker)
         early = self._exited_early(worker_group)
+        if early:
+            early = self._without_teardown_crashes(worker_group, early)
         if early and self._early is None:
             wall, mono = time.time(), time.monotonic()
             self._early = (early, self._gather(worker_group, set(early)), wall, mono)
@@ -372,7 +384,12 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
             # a stopped one): end them our way first, now that their evidence is in. A worker failing between
             # our poll and the base's (microseconds) still gets torch's close.
             self.stop_local_workers(signal.SIGTERM)
-        result = self.torch_monitor(worker_group)
+        if self._ended_in_teardown and any(p.poll() is None for p in self._procs().values()):
+            # A rank counted as finished died (`teardown`): torch's poll would end the others at once, as for any
+            # failed exit. They go on ending (or training) under our watch until they are done too.
+            result = RunResult(state=WorkerState.HEALTHY)
+        else:
+            result = self.torch_monitor(worker_group)
         if result.state == WorkerState.FAILED and result.failures and set(result.failures) <= self._ended_in_teardown:
             result = RunResult(state=WorkerState.SUCCEEDED,
                                return_values={w.global_rank: None for w in worker_group.workers})

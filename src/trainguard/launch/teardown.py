@@ -1,4 +1,5 @@
-"""A rank whose training is over but whose process does not end: found, written down, ended, counted as finished.
+"""A rank whose training is over but whose process does not end, or dies in its teardown: found, written down,
+counted as finished.
 
 torch's own teardown can deadlock: a gloo process group freed from Python (the last reference held by DDP's
 reducer, say) joins its worker threads while holding the GIL, and a worker thread freeing the last collective's
@@ -7,6 +8,11 @@ under torchrun the job never ends. The watchdog gives a rank in phase ``done`` t
 hang verdict on such ranks, once every other rank of this node has ended with exit code 0, is not a training
 hang: nothing is left to do in those processes, so the agent writes what the kernel shows of them, ends them
 and counts them as finished (the attempt completes; no restart is spent).
+
+The same teardown can also crash: a script that never destroyed its group leaves torch's C++ objects to the
+interpreter's exit, where a CI run's Hugging Face rank printed its last line, then died with "terminate called
+without an active exception" (SIGABRT). torchrun restarts the whole job for it. A rank that dies by a crash signal
+after its heartbeat said ``done`` (its script returned, or it destroyed its group) is counted as finished too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from trainguard.core.safefs import write_private
 log = logging.getLogger(__name__)
 
 EVIDENCE_NAME = "teardown_rank_{rank}.txt"
+CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+"""How a process's own code dies. Not SIGKILL or SIGTERM: those come from outside (an operator, the OOM killer,
+this agent), and say nothing about where the process was."""
 
 
 def stuck_in_teardown(ranks: Sequence[int], beats: Mapping[int, Heartbeat | None], local: Iterable[int],
@@ -96,3 +105,33 @@ def end_frozen(ranks: Sequence[int], pids: Mapping[int, int], beats: Mapping[int
                     "shutdown can deadlock); ended it and counted it as finished%s", rank,
                     f"; see {folder / name}" if name else "")
     return ended
+
+
+def crashed_after_done(codes: Mapping[int, int], beats: Mapping[int, Heartbeat | None]) -> dict[int, int]:
+    """Of the ranks that exited (``codes``: global rank -> exit code), those killed by a crash signal after their
+    heartbeat said ``done``: their training was over, the crash is in the interpreter's or torch's teardown."""
+    crash_codes = {-int(sig) for sig in CRASH_SIGNALS}
+    return {rank: code for rank, code in codes.items()
+            if code in crash_codes and (beat := beats.get(rank)) is not None and beat.phase == "done"}
+
+
+def note_crashed(crashed: Mapping[int, int], beats: Mapping[int, Heartbeat | None], now_mono: float,
+                 folder: Path) -> set[int]:
+    """Write down each rank of ``crashed`` (`crashed_after_done`) and say so on the console; returns the ranks."""
+    for rank, code in sorted(crashed.items()):
+        beat = beats.get(rank)
+        done_for = now_mono - beat.phase_start_mono if beat is not None else 0.0
+        sig = signal.Signals(-code).name
+        text = (f"rank {rank} finished its training {done_for:.1f}s before its process died by {sig} in its "
+                "teardown (heartbeat phase done: its script had returned or destroyed its process group). Counted "
+                "as finished; a script that ends with torch.distributed.destroy_process_group() leaves less to "
+                "the interpreter's exit.\n")
+        name = EVIDENCE_NAME.format(rank=rank)
+        try:
+            write_private(folder / name, text.encode())
+        except OSError as exc:
+            log.warning("no teardown evidence for rank %d (%s)", rank, exc)
+            name = ""
+        log.warning("rank %d finished its training, then its process died by %s in its teardown; counted it as "
+                    "finished%s", rank, sig, f"; see {folder / name}" if name else "")
+    return set(crashed)

@@ -32,6 +32,9 @@ def main() -> None:
     p.add_argument("--linger-rank", type=int, default=-1, help="this rank waits before exiting (slow teardown)")
     p.add_argument("--linger-seconds", type=float, default=0.0)
     p.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group (many scripts do)")
+    p.add_argument("--abort-at-exit-rank", type=int, default=-1,
+                   help="this rank's process dies by SIGABRT once its interpreter has finished, as torch's C++ "
+                        "teardown can ('terminate called without an active exception')")
     p.add_argument("--freeze-rank", type=int, default=-1,
                    help="this rank freezes holding the GIL once its group is destroyed, as torch's gloo teardown "
                         "can deadlock (pytorch/pytorch#56297)")
@@ -101,6 +104,11 @@ def main() -> None:
         import ctypes
 
         ctypes.PyDLL(None).sleep(3600)  # PyDLL keeps the GIL through the call: no Python thread runs again
+    if rank == args.abort_at_exit_rank:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)  # runs after Python's own exit
     if rank == args.linger_rank:
         time.sleep(args.linger_seconds)  # e.g. writing artefacts after training, while the other ranks exited
     print(f"rank {rank}: done", flush=True)
