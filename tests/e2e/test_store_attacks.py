@@ -34,7 +34,9 @@ ATTACK = r"""
 import json, sys, datetime
 sys.path.insert(0, sys.argv[1])
 import torch.distributed as dist
-host, port, run, node = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+print("ready", flush=True)  # torch imported: the attack itself then takes milliseconds
+host, port, run, node = sys.stdin.readline().split()
+port = int(port)
 store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
 for rnd in range(4):
     prefix = f"torch.rendezvous.{run}.{rnd}/"
@@ -70,6 +72,14 @@ def test_a_second_uid_cannot_stop_or_blind_a_job_through_the_store(tmp_path: Pat
         pytest.fail("this test needs root, setpriv and a system Python matching the project's")
     run_dir = tmp_path / "run"
     log = tmp_path / "agent.log"
+    # The attacker imports torch before the job starts, and attacks the moment the store is up: long before the
+    # crash at step 150 (started after the store was up, a CI run at load reached that step while the attacker was
+    # still importing torch, and the claim came after the real failure instead of before it).
+    attacker = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,
+                                 "-c", ATTACK, _site_packages()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd="/")
+    assert attacker.stdout is not None and attacker.stdin is not None
+    assert attacker.stdout.readline().strip() == "ready", attacker.communicate(timeout=60)[1][-2000:]
     proc = start_trainguard(
         "run", "--standalone", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--json",
         "--node-id", "vm-a", "--max-restarts", "2", "--inject", "crash@step=150,rank=1,attempt=0",
@@ -89,15 +99,14 @@ def test_a_second_uid_cannot_stop_or_blind_a_job_through_the_store(tmp_path: Pat
         listening = {c.laddr.ip for c in psutil.net_connections(kind="inet")
                      if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
         assert listening == {"127.0.0.1"}, listening
-        attack = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,
-                                 "-c", ATTACK, _site_packages(), host, str(port), run_id, "vm-a"],
-                                capture_output=True, text=True, timeout=60, cwd="/")
-        assert attack.returncode == 0 and "attacked" in attack.stdout, attack.stderr[-2000:]
+        out, err = attacker.communicate(f"{host} {port} {run_id} vm-a\n", timeout=60)
+        assert attacker.returncode == 0 and "attacked" in out, err[-2000:]
         attacked_at = time.time()
         code = proc.wait(timeout=240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for p in (proc, attacker):
+            if p.poll() is None:
+                p.kill()
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert json_result(log)["status"] == "completed"
