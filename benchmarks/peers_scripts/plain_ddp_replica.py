@@ -33,7 +33,8 @@ def build(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 @trainguard.restartable(backend="gloo")
 def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
-    attempt = trainguard.attach().attempt
+    worker = trainguard.attach()
+    attempt = worker.attempt
     module, opt = replica.keep(lambda: build(args.width))
     msd, osd = get_state_dict(module, opt)
     state: dict[str, Any] = {"model": msd, "optim": osd}
@@ -50,13 +51,14 @@ def train(args: argparse.Namespace) -> None:
             start = int(saved["step"])
     model = DDP(module)
     for step in range(start + 1, args.steps + 1):
-        gen = torch.Generator().manual_seed(1234 + 1000 * step + rank)
-        x = torch.randn(64, 16, generator=gen)
-        loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        time.sleep(args.step_seconds)
+        with worker.step(step):  # after attach() the script's own steps are its progress (docs/run.md)
+            gen = torch.Generator().manual_seed(1234 + 1000 * step + rank)
+            x = torch.randn(64, 16, generator=gen)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(args.step_seconds)
         if args.step_log:
             with open(f"{args.step_log}.{rank}", "a") as log:
                 log.write(json.dumps({"restart": attempt, "rank": rank, "step": step, "time": time.time()}) + "\n")
