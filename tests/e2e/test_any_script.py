@@ -155,6 +155,17 @@ def test_a_rank_that_finished_first_is_not_a_frozen_rank(tmp_path: Path) -> None
     assert len(of_type(agent, "attempt_started")) == 1
 
 
+def _finished_in_one_attempt(run_dir: Path, steps: int) -> str:
+    """The job completed in one attempt with no failure recorded and its report adds up; returns rank 0's teardown
+    evidence."""
+    agent = events(run_dir, "agent-")
+    assert of_type(agent, "failure_detected") == []
+    assert len(of_type(agent, "attempt_started")) == 1
+    assert [e["reason"] for e in of_type(agent, "attempt_ended")] == ["completed"]
+    assert _check_report_adds_up(run_dir, steps)["attempts"] == 1
+    return (RunLayout(run_dir).diagnostics_dir(0) / "teardown_rank_0.txt").read_text()
+
+
 def test_a_rank_frozen_in_teardown_after_its_training_is_ended_and_counted_as_finished(tmp_path: Path) -> None:
     # torch's own teardown can deadlock holding the GIL (pytorch/pytorch#56297). In a CI run a rank printed its
     # last line, then froze in ~ProcessGroupGloo; 120 s later that was called a hang and the finished job
@@ -162,14 +173,8 @@ def test_a_rank_frozen_in_teardown_after_its_training_is_ended_and_counted_as_fi
     proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20, extra=("--freeze-rank", "0"),
                                options=("--checkpoint-allowance", "3"))
     _wait(proc, tmp_path)
-    agent = events(run_dir, "agent-")
-    assert of_type(agent, "failure_detected") == []
-    assert len(of_type(agent, "attempt_started")) == 1
-    assert [e["reason"] for e in of_type(agent, "attempt_ended")] == ["completed"]
-    evidence = (RunLayout(run_dir).diagnostics_dir(0) / "teardown_rank_0.txt").read_text()
+    evidence = _finished_in_one_attempt(run_dir, 20)
     assert "rank 0" in evidence and "finished its training" in evidence and "thread " in evidence, evidence
-    rep = _check_report_adds_up(run_dir, 20)
-    assert rep["attempts"] == 1
 
 
 def test_a_rank_that_crashes_in_its_teardown_after_its_training_is_counted_as_finished(tmp_path: Path) -> None:
@@ -181,14 +186,9 @@ def test_a_rank_that_crashes_in_its_teardown_after_its_training_is_counted_as_fi
                                extra=("--no-destroy", "--abort-at-exit-rank", "0", "--linger-rank", "1",
                                       "--linger-seconds", "3"))
     _wait(proc, tmp_path)
-    agent = events(run_dir, "agent-")
-    assert of_type(agent, "failure_detected") == []
-    assert len(of_type(agent, "attempt_started")) == 1
-    assert [e["reason"] for e in of_type(agent, "attempt_ended")] == ["completed"]
-    evidence = (RunLayout(run_dir).diagnostics_dir(0) / "teardown_rank_0.txt").read_text()
+    evidence = _finished_in_one_attempt(run_dir, 20)
     assert "died by SIGABRT in its teardown" in evidence, evidence
     assert "rank 1: done" in RunLayout(run_dir).rank_stdout(0, 1).read_text()
-    assert _check_report_adds_up(run_dir, 20)["attempts"] == 1
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

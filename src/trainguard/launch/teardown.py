@@ -70,6 +70,17 @@ def _threads(pid: int) -> str:
     return "\n".join(lines)
 
 
+def _write_evidence(folder: Path, rank: int, text: str) -> str:
+    """``teardown_rank_<rank>.txt`` in ``folder``; its name, or empty when it could not be written."""
+    name = EVIDENCE_NAME.format(rank=rank)
+    try:
+        write_private(folder / name, text.encode())
+    except OSError as exc:
+        log.warning("no teardown evidence for rank %d (%s)", rank, exc)
+        return ""
+    return name
+
+
 def end(rank: int, pid: int, beat: Heartbeat | None, now_mono: float, folder: Path) -> str:
     """Write what is known of ``rank`` (process ``pid``) to ``folder``, then SIGKILL it. Returns the evidence
     file's name (empty when it could not be written)."""
@@ -79,12 +90,7 @@ def end(rank: int, pid: int, beat: Heartbeat | None, now_mono: float, folder: Pa
             f"process did not end; its background thread last wrote {silent_for:.1f}s ago (a frozen interpreter: "
             "no Python stacks from it). Ended with SIGKILL and counted as finished.\n"
             f"{_threads(pid)}\n")
-    name = EVIDENCE_NAME.format(rank=rank)
-    try:
-        write_private(folder / name, text.encode())
-    except OSError as exc:
-        log.warning("no teardown evidence for rank %d (%s)", rank, exc)
-        name = ""
+    name = _write_evidence(folder, rank, text)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return name
@@ -126,12 +132,7 @@ def note_crashed(crashed: Mapping[int, int], beats: Mapping[int, Heartbeat | Non
                 "teardown (heartbeat phase done: its script had returned or destroyed its process group). Counted "
                 "as finished; a script that ends with torch.distributed.destroy_process_group() leaves less to "
                 "the interpreter's exit.\n")
-        name = EVIDENCE_NAME.format(rank=rank)
-        try:
-            write_private(folder / name, text.encode())
-        except OSError as exc:
-            log.warning("no teardown evidence for rank %d (%s)", rank, exc)
-            name = ""
+        name = _write_evidence(folder, rank, text)
         log.warning("rank %d finished its training, then its process died by %s in its teardown; counted it as "
                     "finished%s", rank, sig, f"; see {folder / name}" if name else "")
     return set(crashed)
