@@ -147,7 +147,8 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         """Silent data corruption found, rolled back and excluded at the restart (`trainguard.sdc.response`)."""
         preload_failure_path()
         self.spares = WarmSpares.build(cfg.warm_spares, cfg.nproc_per_node, not cfg.no_python, worker_args,
-                                       cfg.layout.logs_base / "spares", cfg.stop_grace_seconds, cfg.node_id)
+                                       cfg.layout.logs_base / "spares", cfg.stop_grace_seconds, cfg.node_id,
+                                       fork_server=cfg.fork_server and cfg.warm_spares != 0)
         """Interpreters with torch and the script's imports loaded, ready to take restarted ranks
         (`trainguard.launch.warm`); None: off."""
         self.inprocess = InProcessRestarts.build(cfg, self.spares)
@@ -296,10 +297,12 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         return pids
 
     def _claim_spares(self, wg: WorkerGroup) -> list[int]:
-        """Local ranks a warm spare will take at this (re)start (`WarmSpares.claim`); none at the first start."""
-        if self.spares is None or self.attempt == 0:
+        """Local ranks a warm spare or the fork server will take at this (re)start (`WarmSpares.claim`); at the
+        first start only the fork server's (`WarmSpares.claim_first`)."""
+        if self.spares is None:
             return []
-        return self.spares.claim([w.local_rank for w in wg.workers])
+        ranks = [w.local_rank for w in wg.workers]
+        return self.spares.claim_first(ranks) if self.attempt == 0 else self.spares.claim(ranks)
 
     def _fill_spares(self, beats: dict[int, Heartbeat | None], mono: float) -> None:
         """Top the warm spares up, not while an in-process recovery is under way (a starting spare competes

@@ -101,6 +101,11 @@ class SupervisorConfig:
     """Interpreters kept waiting per node with torch and the script's top-level imports loaded, to take the
     places of restarted ranks (whole-process and in-process restarts); -1: one per local rank within a quarter
     of the node's available memory (`trainguard.launch.warm.auto_count`); 0: off."""
+    fork_server: bool = setting(True, section="recovery", flag=Flag(
+        ("--no-fork-server",), "start every rank as a new interpreter instead of forking it from one that has "
+        "loaded torch and the script's imports (restarts then use warm spares)", negate=True))
+    """Fork every rank, at the first start and every restart, from one interpreter per node that loaded torch and
+    the script's top-level imports (`trainguard.launch.fork_server`); off with ``--warm-spares 0`` too."""
     fresh_processes: bool = setting(False, section="recovery", flag=Flag(
         ("--fresh-processes",), "with --in-process: after a failure give every rank a new process (warm spares "
         "first) instead of re-entering the survivors' function"))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trainguard.core.protocol import SPARE_SKIP_ENV, SPARE_UNFIT
 from trainguard.health.host import available_memory_bytes, cpu_ticks, idle_cpus
+from trainguard.launch.fork_server import ForkServer
 from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 from trainguard.launch.stop import stop_processes
 from trainguard.torch_api.elastic import Adopt, can_adopt
@@ -38,6 +39,9 @@ script's own imports."""
 MEMORY_SHARE = 0.25
 """At most this share of the node's available memory goes to spares."""
 FILL_AFTER_SECONDS = 5.0
+FIRST_START_WAIT_SECONDS = 300.0
+"""The first start waits this long at most for the fork server's imports (a cold rank would spend the same time
+importing them), then starts its ranks cold: a script whose top-level imports block until the job runs."""
 HOLD_AT_MOST_SECONDS = 30.0
 """A spare held during a cold restart (`WarmSpares.claim`) goes on importing after this long even if the restarted
 ranks have not completed a step by then."""
@@ -55,6 +59,9 @@ def auto_count(local_ranks: int, available_bytes: int | None) -> int:
         return 0
     return max(0, min(local_ranks, int(available_bytes * MEMORY_SHARE) // SPARE_BUDGET_BYTES))
 
+
+FORKS_UNBOUNDED = 1 << 16
+"""`WarmSpares.ready` while the fork server serves: it makes a rank for every request."""
 
 IDLE_SLACK = 0.5
 """CPUs `starts_with_the_job` lets be busy anyway: a quiet node's daemons keep a few percent busy (1.96-1.99
@@ -74,7 +81,7 @@ class WarmSpares:
     """A pool of ``count`` waiting spare processes for one agent."""
 
     def __init__(self, count: int, args: tuple[str, ...], log_dir: Path, grace_seconds: float,
-                 eager: bool = True, name: str = "spare", local_ranks: int = 0) -> None:
+                 eager: bool = True, name: str = "spare", local_ranks: int = 0, forks: bool = False) -> None:
         self.count = count
         self.local_ranks = local_ranks
         """Workers on this node (with ``count``, the CPUs a pool that starts with the job needs)."""
@@ -101,23 +108,64 @@ class WarmSpares:
         """Why spares cannot take a rank warm even without those imports: the pool is not refilled."""
         self.held: list[subprocess.Popen[bytes]] = []
         """Spares stopped (SIGSTOP) while they import, so that a cold restart's ranks have the CPUs (`claim`)."""
+        self.forks = ForkServer(args, log_dir) if forks else None
+        """The node's fork server (`trainguard.launch.fork_server`): while it serves, every rank is forked from it,
+        at the first start too, and no spare interpreter is kept; None: off, or it proved unfit twice."""
+        self._fork_probes = 0
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
-              grace_seconds: float, node: str) -> WarmSpares | None:
+              grace_seconds: float, node: str, fork_server: bool = False) -> WarmSpares | None:
         """The pool ``requested`` asks for (`AUTO`: sized by `auto_count`; whether it starts with the job is
-        decided by `start_with_job`); None when it would be empty or the workers are not Python
-        (``--no-python``: nothing to load ahead)."""
+        decided by `start_with_job`), with a fork server when ``fork_server`` (started at once, from the calling
+        thread: the main thread); None when it would be empty or the workers are not Python (``--no-python``:
+        nothing to load ahead)."""
         if not python_worker:
             return None
         count = auto_count(local_ranks, available_memory_bytes()) if requested == AUTO else requested
-        if count <= 0:
+        if count <= 0 and not fork_server:
             return None
-        pool = cls(count, args, log_dir, grace_seconds, eager=requested != AUTO, name=f"spare-{node}",
-                   local_ranks=local_ranks)
+        pool = cls(max(0, count), args, log_dir, grace_seconds, eager=requested != AUTO, name=f"spare-{node}",
+                   local_ranks=local_ranks, forks=fork_server)
         if requested == AUTO:
             pool.since, pool._since_cpu = cpu_ticks(), time.process_time()
+        if pool.forks is not None:
+            pool.forks.start()
         return pool
+
+    def _forks_serve(self) -> bool:
+        """Whether the fork server is loading or serving (then no spare interpreter is started). A server that
+        found the script's imports read a rank's variables is replaced once by one that leaves them out; one that
+        cannot serve at all turns itself off, and the spares take over."""
+        forks = self.forks
+        if forks is None:
+            return False
+        if forks.ready() or forks.starting():
+            return True
+        hello = forks.hello or {}
+        skip = tuple(m for m in hello.get("skip") or () if m not in forks.skip)
+        forks.close(self.grace_seconds)
+        if skip and self._fork_probes == 0:
+            self._fork_probes += 1
+            log.warning("fork server: %s: %s now load after the fork (torch stays loaded ahead)",
+                        hello.get("unfit"), ", ".join(skip))
+            self.forks = ForkServer(self.args, self.log_dir, (*forks.skip, *skip))
+            self.forks.start()
+            return True
+        log.warning("fork server: %s; warm spares instead", hello.get("unfit") or "it ended")
+        self.forks = None
+        return False
+
+    def claim_first(self, local_ranks: list[int]) -> list[int]:
+        """The local ranks the fork server takes at the first start: all of them once it has loaded (waiting for
+        it costs nothing a cold rank would not spend importing the same modules), none without a server."""
+        if self.forks is None or not can_adopt():
+            return []
+        if not self.forks.wait_ready(FIRST_START_WAIT_SECONDS):
+            if self.forks.starting():
+                log.warning("fork server: not loaded after %.0fs; the first ranks start cold", FIRST_START_WAIT_SECONDS)
+            return []
+        return list(local_ranks)
 
     def start_with_job(self) -> bool:
         """Whether the pool fills now, ahead of the first workers: a count asked for always; an automatic pool
@@ -158,7 +206,10 @@ class WarmSpares:
 
     def ready(self) -> int:
         """Spares that wait for a rank and can take it warm: a restart hands ranks only to these, never to one
-        still importing (that rank starts cold at once; the spare serves the next restart)."""
+        still importing (that rank starts cold at once; the spare serves the next restart). A serving fork server
+        makes as many as asked for."""
+        if self.forks is not None and self.forks.ready():
+            return FORKS_UNBOUNDED
         return sum(self._fit(p) for p in self.spares if p.poll() is None)
 
     def _fit(self, proc: subprocess.Popen[bytes]) -> bool:
@@ -196,6 +247,8 @@ class WarmSpares:
         if threading.current_thread() is not threading.main_thread():
             log.warning("warm spares started off the main thread die when that thread ends")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self._forks_serve():
+            return
         self._probe()
         while self.unfit is None and self.alive() < self.count:
             if not self.eager and self._loading():
@@ -266,6 +319,10 @@ class WarmSpares:
         """Hand a rank to a spare that waits and is fit (`ready`): the environment a cold worker would get (this
         process's, then ``env``) and its log files. None when none is ready."""
         full = {**os.environ, **env}
+        if self.forks is not None and self.forks.ready():
+            forked = self.forks.spawn(full, stdout, stderr)
+            if forked is not None:
+                return forked
         for proc in list(self.spares):
             if proc.poll() is not None or proc.stdin is None or not self._fit(proc):
                 continue
@@ -282,6 +339,8 @@ class WarmSpares:
     def close(self) -> None:
         """Stop every waiting spare (end of the run)."""
         self.release()  # a stopped process would not act on the SIGTERM before the grace ran out
+        if self.forks is not None:
+            self.forks.close(self.grace_seconds)
         alive = [p for p in self.spares if p.poll() is None]
         if alive:
             stop_processes(alive, self.grace_seconds, signal.SIGTERM)

@@ -203,12 +203,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainguard.worker.warm [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    script = Path(command[0])
-    if not module:
-        sys.path[0] = str(script.resolve().parent)  # as `python script.py` would have it
-    count = preload(list(ALWAYS))
-    skip = skipped_imports(os.environ)
-    found = preload_watched([] if module else [m for m in top_level_imports(script) if m not in skip])
+    count, found = preload_for(command, module, os.environ)
     if found.unfit is not None:  # the agent reads this line: it leaves the culprits out of its next spares
         print(f"warm spare {os.getpid()}: {protocol.SPARE_UNFIT} {found.unfit}; skip={','.join(found.culprits)}",
               flush=True)
@@ -217,16 +212,32 @@ def main(argv: list[str]) -> int:
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the agent closed our input: no rank for us
-    _take_over(json.loads(line))
-    if found.unfit is not None:
-        _cold_start(command, module, found.unfit)
+    run_as_rank(json.loads(line), command, module, found.unfit)
+    return 0
+
+
+def preload_for(command: list[str], module: bool, env: MutableMapping[str, str]) -> tuple[int, Preloaded]:
+    """What a spare (or the fork server) loads ahead for ``command``: `ALWAYS`, then the script's top-level
+    imports but those ``env`` says to skip, watched. Returns the count of `ALWAYS` modules and the watched part."""
+    if not module:
+        sys.path[0] = str(Path(command[0]).resolve().parent)  # as `python script.py` would have it
+    count = preload(list(ALWAYS))
+    skip = skipped_imports(env)
+    return count, preload_watched([] if module else [m for m in top_level_imports(Path(command[0])) if m not in skip])
+
+
+def run_as_rank(assignment: dict[str, Any], command: list[str], module: bool, unfit: str | None) -> None:
+    """Become the rank ``assignment`` describes and run the script as ``__main__`` in this interpreter (or, when
+    ``unfit``, start its command afresh in this process)."""
+    _take_over(assignment)
+    if unfit is not None:
+        _cold_start(command, module, unfit)
     _install_hooks()
     sys.argv = list(command)
     if module:
         runpy.run_module(command[0], run_name="__main__", alter_sys=True)
     else:
-        runpy.run_path(str(script), run_name="__main__")
-    return 0
+        runpy.run_path(str(Path(command[0])), run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,210 @@
+"""The agent's side of the fork server (`trainguard.worker.zygote`): start it, ask it for ranks, learn their exits.
+
+One server per node loads torch and the script's imports once; every rank it is asked for is a fork of it,
+ready in milliseconds, at the first start and at every restart alike. The ranks are the server's children, so
+each is handed to torch as a `ForkedProcess`: a ``subprocess.Popen`` whose exit status comes from the server's
+reports instead of the agent's own ``waitpid``. See docs/run.md ("Fork server") and decisions N16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.core.protocol import SPARE_SKIP_ENV
+from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
+
+log = logging.getLogger(__name__)
+
+REPLY_SECONDS = 10.0
+"""How long a request waits for the server's answer (a fork: milliseconds) before the rank starts cold."""
+
+
+class ForkedProcess(subprocess.Popen[bytes]):
+    """A rank forked by the fork server, with the part of ``Popen``'s interface torch's process context and the
+    agent use (``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``)."""
+
+    def __init__(self, pid: int, args: list[str], server: ForkServer) -> None:
+        # Popen's own __init__ would start a process: only the attributes its other methods read are set.
+        self.args = args
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+        self._child_created = False  # Popen.__del__ reads it: nothing of ours to reap
+        self._server = server
+        self._ended = threading.Event()
+
+    def _exited(self, status: int) -> None:
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._server.running() and not self._server.reading():
+            # The server is gone and said nothing more: its children died with it (parent-death signal).
+            self.returncode = -signal.SIGKILL
+            self._ended.set()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._ended.wait(0.5 if left is None else min(left, 0.5))  # 0.5 s: a check that the server lives
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # once its exit is reported the pid may be another process's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def __del__(self) -> None:  # Popen's would reap a child of ours; this one is not
+        pass
+
+
+class ForkServer:
+    """One node's fork server: `start` it, `wait_ready` (or check `ready`), then `spawn` ranks."""
+
+    def __init__(self, args: tuple[str, ...], log_dir: Path, skip: tuple[str, ...] = ()) -> None:
+        self.args = args
+        """The worker's arguments after the interpreter (``-u script.py ...`` or ``-u -m module ...``)."""
+        self.log_dir = log_dir
+        self.skip = skip
+        """The script's top-level imports left for after the fork (an earlier server found they read a rank's
+        variables while loaded ahead)."""
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.hello: dict[str, Any] | None = None
+        """The server's first report: ``ready``, ``unfit`` (why not), ``skip`` (the imports to blame)."""
+        self._ready = threading.Event()  # set by the hello, or when the server ended without one
+        self._replies: dict[int, int] = {}
+        self._replied = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self._early: dict[int, int] = {}  # exits reported before their process object was made
+        self._next = 0
+        self._lock = threading.Lock()  # one request on the pipe at a time
+        self._reader: threading.Thread | None = None
+
+    def command(self, reply_fd: int) -> list[str]:
+        rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
+        python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
+        return die_with_parent_command(python, ["-u"], "trainguard.worker.zygote", [str(reply_fd), *rest])
+
+    def start(self) -> None:
+        """Start the server (from the main thread: its parent-death signal fires when the starting thread ends)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        env = {**untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
+        path = self.log_dir / "fork-server.log"
+        try:
+            with open(path, "ab") as out:
+                self.proc = subprocess.Popen(self.command(write_fd), stdin=subprocess.PIPE, stdout=out,
+                                             stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
+                                             start_new_session=True)
+        finally:
+            os.close(write_fd)
+        self._reader = threading.Thread(target=self._read, args=(read_fd,), name="fork-server-reader", daemon=True)
+        self._reader.start()
+        log.info("fork server started: pid %d", self.proc.pid)
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as replies:
+            for line in replies:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    log.warning("fork server: unreadable report %r", line[:200])
+                    continue
+                self._handle(record)
+        self._ready.set()
+        with self._replied:
+            self._replied.notify_all()
+
+    def _handle(self, record: dict[str, Any]) -> None:
+        if "ready" in record:
+            self.hello = record
+            self._ready.set()
+        elif "pid" in record:
+            with self._replied:
+                self._replies[int(record["id"])] = int(record["pid"])
+                self._replied.notify_all()
+        elif "exit" in record:
+            pid, status = int(record["exit"]), int(record["status"])
+            with self._replied:
+                child = self._children.pop(pid, None)
+                if child is None:
+                    self._early[pid] = status
+            if child is not None:
+                child._exited(status)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reading(self) -> bool:
+        """Whether reports may still come (the pipe back is open)."""
+        return self._reader is not None and self._reader.is_alive()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the server has loaded its imports (or ended); True when it can serve."""
+        self._ready.wait(timeout)
+        return self.ready()
+
+    def ready(self) -> bool:
+        return self.hello is not None and bool(self.hello.get("ready")) and self.running()
+
+    def starting(self) -> bool:
+        """Still loading: started, alive, no report yet."""
+        return self.hello is None and self.running()
+
+    def spawn(self, env: dict[str, str], stdout: str | None, stderr: str | None) -> ForkedProcess | None:
+        """A rank forked with ``env`` (its full environment) and its log files; None when the server cannot
+        serve (the rank then starts cold)."""
+        if not self.ready() or self.proc is None or self.proc.stdin is None or not stdout or not stderr:
+            return None  # without log files the rank writes where the agent does: only a cold start does that
+        with self._lock:
+            self._next += 1
+            ident = self._next
+            line = json.dumps({"id": ident, "env": env, "stdout": stdout, "stderr": stderr}) + "\n"
+            try:
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except OSError:  # it died
+                return None
+            deadline = time.monotonic() + REPLY_SECONDS
+            with self._replied:
+                while ident not in self._replies and self.reading() and time.monotonic() < deadline:
+                    self._replied.wait(max(0.0, deadline - time.monotonic()))
+                pid = self._replies.pop(ident, None)
+                if pid is None:
+                    log.warning("fork server: no answer to a request; the rank starts cold")
+                    return None
+                child = ForkedProcess(pid, self.command(0), self)
+                early = self._early.pop(pid, None)
+                if early is None:
+                    self._children[pid] = child
+        if early is not None:
+            child._exited(early)
+        return child
+
+    def close(self, grace_seconds: float) -> None:
+        """End the server (its children, if any still run, die with it)."""
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(grace_seconds)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
