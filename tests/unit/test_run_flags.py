@@ -66,13 +66,15 @@ def test_the_documented_run_flags_parse() -> None:
         "--nnodes", "1:2", "--nproc_per_node", "2", "--max_restarts", "5", "--monitor_interval", "0.5", "-m",
         "-r", "3", "-t", "0:1", "--role", "trainer", "--hang-floor", "7", "--hang-multiplier", "2.5",
         "--no-progress-attempts", "4", "--in-process", "--in-process-timeout", "12", "--warm-spares", "1",
-        "--no-fork-server", "--node-lost-timeout", "6", "--max-log-mb", "64", "--no-auto-instrument", "--no-health-checks", "-q",
+        "--no-fork-server", "--node-lost-timeout", "6", "--max-log-mb", "64", "--no-auto-instrument",
+        "--no-health-checks", "-q",
         "--signals_to_handle", "SIGTERM", "--local_addr", "10.0.0.2", "pkg.train", "--lr", "1"])
     values = flag_values(args, SupervisorConfig)
     assert values == {
         "max_restarts": 5, "max_no_progress_attempts": 4, "monitor_interval_seconds": 0.5, "health_checks": False,
         "auto_instrument": False, "in_process": True, "in_process_timeout_seconds": 12.0, "warm_spares": 1,
-        "fork_server": False, "fresh_processes": False, "module": True, "no_python": False, "local_addr": "10.0.0.2", "role": "trainer",
+        "fork_server": False, "fresh_processes": False, "module": True, "no_python": False,
+        "local_addr": "10.0.0.2", "role": "trainer",
         "redirects": "3", "tee": "0:1", "quiet": True, "max_log_mb": 64, "node_lost_timeout_seconds": 6.0,
         "signals_to_handle": "SIGTERM", "memory_checkpoint_gb": 0.0, "memory_checkpoint_placement": "ring",
         "fleet_db": None}

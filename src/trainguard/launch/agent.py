@@ -52,6 +52,7 @@ from trainguard.launch.failures import (
     preload_failure_path,
     rank_logs,
 )
+from trainguard.launch.fork_server import WORKER_ENV_DEFAULTS
 from trainguard.launch.framework_progress import FrameworkCheckpoints
 from trainguard.launch.inprocess import InProcessRestarts
 from trainguard.launch.lifetime import ProcessTracker
@@ -282,8 +283,8 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         os.environ.update(self.worker_environ())
         if not os.environ["PYTHONPATH"]:
             del os.environ["PYTHONPATH"]
-        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        for name, value in WORKER_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         self.corruption.rollback()
         if self.attempt == 0 and self.spares is not None and self.spares.start_with_job():
             # Ahead of the workers: a spare that starts loading with them is ready before a fault in their

@@ -25,6 +25,10 @@ from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 
 log = logging.getLogger(__name__)
 
+WORKER_ENV_DEFAULTS = {"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
+"""Set for the workers unless the job sets them: the flight recorder on, one OpenMP thread per rank (torchrun's
+own default). The server gets them too, before it loads torch: some are read when a library loads."""
+
 REPLY_SECONDS = 10.0
 """How long a request waits for the server's answer (a fork: milliseconds) before the rank starts cold."""
 
@@ -104,7 +108,7 @@ class ForkServer:
         """Start the server (from the main thread: its parent-death signal fires when the starting thread ends)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
-        env = {**untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
+        env = {**WORKER_ENV_DEFAULTS, **untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
         path = self.log_dir / "fork-server.log"
         try:
             with open(path, "ab") as out:

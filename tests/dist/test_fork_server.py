@@ -1,0 +1,108 @@
+"""The fork server: one interpreter loads torch and the script's imports, then forks ranks on request; the agent
+learns each rank's exit from the server's reports (the ranks are not its children). One real server per test
+(it imports torch once, a few seconds) carries the assertions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainguard.launch.fork_server import ForkServer
+from trainguard.launch.warm import WarmSpares
+
+SCRIPT = '''
+import json, os, sys, time
+import random
+print(json.dumps({"rank": os.environ["RANK"], "argv": sys.argv[1:], "name": __name__, "pid": os.getpid(),
+                  "sid": os.getsid(0), "torch_loaded_before": "torch" in sys.modules, "stdin": sys.stdin.read(),
+                  "draw": random.random()}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if os.environ.get("SLEEP"):
+    time.sleep(float(os.environ["SLEEP"]))
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+'''
+
+READS_RANK = '''
+import os
+RANK = os.environ.get("RANK")
+'''
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_ranks_forked_from_the_server_run_the_script_and_their_exits_reach_the_agent(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    server = ForkServer(("-u", str(script), "-u", "--lr", "3"), tmp_path / "spares")
+    server.start()
+    try:
+        assert server.wait_ready(120), server.hello
+        assert server.hello is not None and server.hello["unfit"] is None
+        outs = [tmp_path / f"rank-{r}.stdout.log" for r in range(3)]
+        errs = [tmp_path / f"rank-{r}.stderr.log" for r in range(3)]
+        outs[0].write_text("earlier line\n")
+        base = dict(os.environ)
+        done = server.spawn({**base, "RANK": "0", "EXIT_CODE": "5"}, str(outs[0]), str(errs[0]))
+        other = server.spawn({**base, "RANK": "1"}, str(outs[1]), str(errs[1]))
+        slow = server.spawn({**base, "RANK": "2", "SLEEP": "600"}, str(outs[2]), str(errs[2]))
+        assert done is not None and other is not None and slow is not None
+        # An exit code, as a cold rank's Popen would give it.
+        assert done.wait(timeout=60) == 5
+        assert other.wait(timeout=60) == 0
+        lines = _lines(outs[0])
+        assert lines[0] == "earlier line"  # appended, as the console tailer expects
+        record = json.loads(lines[1])
+        assert record["rank"] == "0" and record["argv"] == ["-u", "--lr", "3"] and record["name"] == "__main__"
+        assert record["torch_loaded_before"] is True
+        assert record["pid"] == done.pid and record["sid"] == done.pid  # its own session: torch stops it by group
+        assert record["stdin"] == ""  # not the server's request pipe
+        assert "to stderr" in errs[0].read_text()
+        assert json.loads(_lines(outs[1])[0])["draw"] != record["draw"]  # each fork reseeds Python's random
+        # A running rank: wait with a timeout expires; a signal by torch's way (its process group) ends it.
+        with pytest.raises(subprocess.TimeoutExpired):
+            slow.wait(timeout=0.2)
+        assert slow.poll() is None
+        os.killpg(slow.pid, signal.SIGTERM)
+        assert slow.wait(timeout=60) == -signal.SIGTERM
+        slow.send_signal(signal.SIGKILL)  # after its exit was reported: nothing is signalled
+        # A rank still running when the server ends dies with it, and is reported dead.
+        orphan = server.spawn({**base, "RANK": "3", "SLEEP": "600"}, str(tmp_path / "o.log"), str(tmp_path / "e.log"))
+        assert orphan is not None and orphan.poll() is None
+        assert server.proc is not None
+        server.proc.kill()
+        assert orphan.wait(timeout=60) == -signal.SIGKILL
+        assert server.spawn({**base, "RANK": "4"}, str(outs[2]), str(errs[2])) is None  # no server: start cold
+    finally:
+        server.close(1.0)
+
+
+def test_a_server_whose_script_import_reads_its_rank_is_replaced_once_without_that_import(tmp_path: Path) -> None:
+    (tmp_path / "rankmod.py").write_text(READS_RANK)
+    script = tmp_path / "job.py"
+    script.write_text("import rankmod\n" + SCRIPT)
+    pool = WarmSpares(0, ("-u", str(script)), tmp_path / "spares", grace_seconds=1.0, forks=True)
+    assert pool.forks is not None
+    pool.forks.start()
+    try:
+        first = pool.forks
+        assert not first.wait_ready(120)
+        assert first.hello is not None and first.hello["skip"] == ["rankmod"]
+        assert "RANK" in first.hello["unfit"]
+        pool.fill()  # learns from it: a new server that leaves rankmod for after the fork
+        assert pool.forks is not None and pool.forks is not first and pool.forks.skip == ("rankmod",)
+        assert pool.forks.wait_ready(120), pool.forks.hello
+        assert pool.ready() > 1 and pool.spares == []  # the server serves: no spare interpreter started
+        out, err = tmp_path / "r.log", tmp_path / "r.err"
+        proc = pool.take({"RANK": "7"}, str(out), str(err))
+        assert proc is not None and proc.wait(timeout=60) == 0
+        assert '"rank": "7"' in out.read_text()
+    finally:
+        pool.close()
+    assert pool.forks is None or not pool.forks.running()
