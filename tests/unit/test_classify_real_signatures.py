@@ -1,0 +1,111 @@
+"""The batch-5 signatures (issue 32) on the real dev excerpts they were written from: cuDNN built-against vs found,
+a CUDA library that cannot be loaded, a data-loader worker's shared-memory bus error, NCCL without a usable socket
+interface, a full disk, AWS Batch losing the EC2 host, a shell's "Killed" after the job it ran. Each excerpt is
+read from tests/unit/corpus/real and must be in the dev half (held-out files are not used here); the near misses
+that must not fire are lines from the same formats."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainguard.classify import classify_paths, classify_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from classify_real import CORPUS, load_manifest
+
+_SPLIT = {c["id"]: c["split"] for c in load_manifest()}
+
+
+def _dev(case_id: str) -> Path:
+    assert _SPLIT[case_id] == "dev", f"{case_id} is not a dev case"
+    return CORPUS / f"{case_id}.log"
+
+
+@pytest.mark.parametrize(("case_id", "named"), [
+    ("cudnn-ci-overwrite-audio-3380", "torch built with cuDNN (8, 7, 0), found (8, 5, 0)"),
+    ("cudnn-mismatch-kohya-sd-9", "torch built with cuDNN (8, 7, 0), found (8, 5, 0)"),
+    ("cudnn-mismatch-centernet-119", "torch built with cuDNN 7102, found 7605"),
+])
+def test_a_cudnn_other_than_torchs_is_a_dependency_naming_both_versions(case_id: str, named: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert (c.category, c.confidence) == ("Dependency", 0.9), c.explanation
+    assert named in c.explanation
+
+
+@pytest.mark.parametrize(("case_id", "named"), [
+    ("cudnn-load-nvrtc-facefusion-docker-8", "libcudnn_cnn_infer.so.8 could not be loaded: libnvrtc.so is missing"),
+    ("cudnn-ops-missing-whisper-finetune-16",
+     "libcudnn_ops_infer.so.8 could not be loaded: libcudnn_ops_infer.so.8 is missing"),
+    ("cudnn-ops-missing-stream-whisper-18",
+     "libcudnn_ops_infer.so.8 could not be loaded: libcudnn_ops_infer.so.8 is missing"),
+])
+def test_a_cuda_library_that_cannot_be_loaded_is_a_dependency(case_id: str, named: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert c.category == "Dependency" and c.confidence >= 0.85, c.explanation
+    assert named in c.explanation
+
+
+def test_nccls_own_missing_net_plugin_is_not_a_missing_library() -> None:
+    line = ("node-01:852750:852750 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : "
+            "libnccl-net.so: cannot open shared object file: No such file or directory")
+    assert classify_text(line, "k").category == "Unknown"
+
+
+@pytest.mark.parametrize("case_id", ["shm-bus-error-reppoints-18", "shm-bus-error-openpai-2656"])
+def test_a_data_loader_bus_error_is_shared_memory_a_dependency(case_id: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert (c.category, c.confidence) == ("Dependency", 0.75), c.explanation
+    assert "/dev/shm" in c.explanation
+
+
+def test_the_bus_error_wins_over_the_exception_that_reports_it() -> None:
+    text = "\n".join([
+        "  File \"/opt/conda/lib/python3.6/site-packages/torch/utils/data/_utils/signal_handling.py\", line 63, in "
+        "handler",
+        "    _error_if_any_worker_fails()",
+        "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error."])
+    c = classify_text(text, "k")
+    assert c.category == "Dependency" and "shared memory" in c.explanation
+    # killed by SIGKILL is not a bus error: no shared-memory cause is claimed
+    killed = classify_text("RuntimeError: DataLoader worker (pid 22358) is killed by signal: Killed.", "k")
+    assert "shm" not in killed.explanation and "/dev/shm" not in killed.explanation
+
+
+def test_nccl_without_a_usable_socket_interface_is_a_dependency() -> None:
+    [c] = classify_paths([_dev("nccl-ifname-missing-nccl-1837")])
+    assert (c.category, c.confidence) == ("Dependency", 0.75), c.explanation
+    assert "NCCL_SOCKET_IFNAME" in c.explanation
+    # the interface NCCL picks and reports is not a failure
+    ok = "node-01:13571:13571 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to en,eth,em,bond"
+    assert classify_text(ok, "k").category == "Unknown"
+
+
+@pytest.mark.parametrize("case_id", ["disk-full-checkpoint-dolly-139", "disk-full-hf-cache-llamafactory-275"])
+def test_a_full_disk_is_a_dependency_at_its_own_confidence(case_id: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert (c.category, c.confidence) == ("Dependency", 0.85), c.explanation
+    assert "full" in c.explanation
+
+
+def test_nccls_shared_memory_stays_its_own_cause_when_dev_shm_is_full() -> None:
+    c = classify_text("node-07:81:90 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed: No space left "
+                      "on device", "k")
+    assert c.category == "Dependency" and "/dev/shm" in c.explanation
+
+
+def test_aws_batch_losing_the_ec2_host_is_host_maintenance() -> None:
+    [c] = classify_paths([_dev("spot-host-terminated-raster-vision-15")])
+    assert (c.category, c.confidence) == ("Host Maintenance", 0.7), c.explanation
+    # the AWS Batch form with the instance id; a terminated container is not the host
+    assert classify_text("Status Reason: Host EC2 (instance i-0a1b2c3d4e5f) terminated.", "k").category == \
+        "Host Maintenance"
+    assert classify_text("Status Reason: Essential container in task exited", "k").category == "Unknown"
+
+
+def test_a_shells_killed_after_the_job_it_ran_names_the_signal_and_stays_unknown() -> None:
+    [c] = classify_paths([_dev("host-oom-killed-kingdra-2")])
+    assert c.category == "Unknown", c.explanation
+    assert "killed by SIGKILL" in c.explanation
