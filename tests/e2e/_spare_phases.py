@@ -113,6 +113,7 @@ def kill_agent_in(phase: str, tmp: Path, bound: float = 30.0, timeout: float = 3
     env = {MARKER: marker, **({"SLOW_SPARE_IMPORT_OUT": str(out)} if phase == "importing" else {})}
     proc = start_trainguard(
         "run", "--standalone", "--nproc-per-node", "2", "--no-health-checks", "--max-restarts", "1",
+        "--no-fork-server",  # the spare pool's phases (the fork server's ranks die with it: test_run_lifetimes)
         "--warm-spares", "1" if phase == "importing" else "2", "--run-dir", str(run_dir),
         str(SCRIPT), str(out), "crash-once" if phase == "taking-over" else "forever", log=log, env=env)
     try:

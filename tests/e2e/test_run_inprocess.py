@@ -81,8 +81,8 @@ def test_the_survivor_of_one_recovery_can_fail_and_be_replaced_in_the_next(
 
 def test_a_warm_spare_takes_the_killed_ranks_place(tmp_path: Path, fault_free_loss: float) -> None:
     run_dir = tmp_path / "run"
-    loss, agent = _run(run_dir, "--in-process", "--warm-spares", "1", "--inject", "crash@step=10,rank=1",
-                       script=AFTER_SPARE)
+    loss, agent = _run(run_dir, "--in-process", "--no-fork-server", "--warm-spares", "1", "--inject",
+                       "crash@step=10,rank=1", script=AFTER_SPARE)
     assert loss == pytest.approx(fault_free_loss, abs=1e-6)
     [recovery] = of_type(agent, "inprocess_recovery")
     assert recovery["status"] == "recovered" and recovery["ranks"] == [1] and recovery["warm_spares_used"] == 1
@@ -101,8 +101,8 @@ def test_a_warm_spare_takes_the_killed_ranks_place(tmp_path: Path, fault_free_lo
 
 def test_fresh_processes_replace_every_rank_from_warm_spares(tmp_path: Path, fault_free_loss: float) -> None:
     run_dir = tmp_path / "run"
-    loss, agent = _run(run_dir, "--in-process", "--fresh-processes", "--warm-spares", "2", "--inject",
-                       "crash@step=10,rank=1", script=AFTER_SPARE, env={"TEST_SPARES_READY": "2"})
+    loss, agent = _run(run_dir, "--in-process", "--fresh-processes", "--no-fork-server", "--warm-spares", "2",
+                       "--inject", "crash@step=10,rank=1", script=AFTER_SPARE, env={"TEST_SPARES_READY": "2"})
     assert loss == pytest.approx(fault_free_loss, abs=1e-6)
     [recovery] = of_type(agent, "inprocess_recovery")
     assert recovery["status"] == "recovered" and recovery["ranks"] == [0, 1] and recovery["warm_spares_used"] == 2

@@ -1,9 +1,10 @@
-"""Warm restarts by default: an unmodified plain DDP script under `trainguard run` with no recovery flags.
+"""Warm starts by default: an unmodified plain DDP script under `trainguard run` with no recovery flags.
 
-The agent fills its pool of warm spares (interpreters with torch and the script's imports loaded) once the
-job trains; when rank 1 dies, the whole-process restart hands every local rank to a spare instead of
-starting cold interpreters. A script whose top-level import reads its rank restarts warm too, that import left
-for after the takeover (one probe per job, said once); ``--warm-spares 0`` starts no spare at all.
+By default every rank is forked from the node's fork server (one interpreter with torch and the script's imports
+loaded), at the first start and at the restart after rank 1 dies. With ``--no-fork-server`` the agent fills its
+pool of warm spares once the job trains and the restart hands every local rank to a spare. A script whose
+top-level import reads its rank starts warm too, that import left for after the fork or the takeover (one probe
+per job, said once); ``--warm-spares 0`` starts neither.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def _waiting_spares(run_dir: Path) -> int:
     return sum("waiting" in text and SPARE_UNFIT not in text for text in _spare_logs(run_dir))
 
 
+def _server_log(run_dir: Path) -> str:
+    path = run_dir / "logs" / "spares" / "fork-server.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _serving(run_dir: Path) -> int:
+    """Fork servers that loaded their imports and serve (`trainguard.worker.zygote`'s ``serving`` line)."""
+    return _server_log(run_dir).count("; serving")
+
+
 def _wait(what: str, check: object, proc: object, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -48,9 +59,9 @@ def _steps(step_log: Path) -> list[dict[str, int]]:
             for line in p.read_text().splitlines() if line.strip()]
 
 
-def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expected: int) -> Path:
-    """Run ``script`` on 2 ranks; once ``spares_expected`` spares wait, rank 1 dies; once both ranks stepped
-    after the restart, the job is told to stop. Returns the run folder."""
+def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expected: int, servers: int = 0) -> Path:
+    """Run ``script`` on 2 ranks; once ``spares_expected`` spares wait (``servers`` fork servers serve), rank 1
+    dies; once both ranks stepped after the restart, the job is told to stop. Returns the run folder."""
     run_dir, control = tmp_path / "run", tmp_path / "control"
     control.mkdir()
     step_log = tmp_path / "steps"
@@ -62,7 +73,9 @@ def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expec
         "--stop-file", str(control / "stop"), "--step-log", str(step_log), log=out)
     try:
         _wait("the first steps", lambda: len(_steps(step_log)) >= 20, proc)
-        if spares_expected:
+        if servers:
+            _wait(f"{servers} serving fork servers", lambda: _serving(run_dir) >= servers, proc)
+        elif spares_expected:
             _wait(f"{spares_expected} waiting spares", lambda: _waiting_spares(run_dir) >= spares_expected, proc)
         else:
             time.sleep(8)  # past the point where a pool would have been filled
@@ -79,11 +92,27 @@ def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expec
     return run_dir
 
 
-def test_an_unmodified_script_restarts_from_warm_spares_by_default(tmp_path: Path) -> None:
-    run_dir = _crash_and_restart(tmp_path, PLAIN, spares_expected=2)
+def test_an_unmodified_script_starts_and_restarts_forked_from_the_fork_server_by_default(tmp_path: Path) -> None:
+    run_dir = _crash_and_restart(tmp_path, PLAIN, spares_expected=0, servers=1)
     agent = events(run_dir, "agent-")
     [failure] = of_type(agent, "failure_detected")
     assert failure["kind"] == "crash" and failure["ranks"] == [1]
+    assert failure["detail"] == "rank 1 killed by SIGKILL"  # the exit status came through the server's report
+    started = of_type(agent, "attempt_started")
+    assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 2), ("restart", 2)]
+    assert _spare_logs(run_dir) == []  # the server serves: no spare interpreter was started
+    for rank in (0, 1):
+        assert "resumed from step" in (run_dir / "logs" / "attempt-1" / f"rank-{rank}.stdout.log").read_text()
+        assert "warm start not possible" not in (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
+    # Nothing of the server outlives the run.
+    [server_pid] = [int(line.split()[2].rstrip(":")) for line in _server_log(run_dir).splitlines()
+                    if line.startswith("fork server ")]
+    assert process_gone(server_pid)
+
+
+def test_with_no_fork_server_an_unmodified_script_restarts_from_warm_spares(tmp_path: Path) -> None:
+    run_dir = _crash_and_restart(tmp_path, PLAIN, "--no-fork-server", spares_expected=2)
+    agent = events(run_dir, "agent-")
     started = of_type(agent, "attempt_started")
     assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 2)]
     # The spares became the ranks: their own logs end where each took a rank, and the ranks' logs of the
@@ -96,16 +125,26 @@ def test_an_unmodified_script_restarts_from_warm_spares_by_default(tmp_path: Pat
     assert len(spare_pids) >= 2 and all(process_gone(pid) for pid in spare_pids)
 
 
-def test_a_script_that_reads_its_rank_at_import_restarts_warm_without_that_module(tmp_path: Path) -> None:
-    # One probe per job: the first spare finds that loading `rank_config` ahead reads RANK and says so; the pool
-    # stops it and starts spares that load torch and the rest ahead and leave `rank_config` for the takeover.
-    run_dir = _crash_and_restart(tmp_path, RANK_AT_IMPORT, spares_expected=2)
+@pytest.mark.parametrize("server", [True, False], ids=["fork-server", "spares"])
+def test_a_script_that_reads_its_rank_at_import_restarts_warm_without_that_module(tmp_path: Path,
+                                                                                 server: bool) -> None:
+    # One probe per job: the first spare (or fork server) finds that loading `rank_config` ahead reads RANK and
+    # says so; the agent ends it and starts spares (a server) that load torch and the rest ahead and leave
+    # `rank_config` for the takeover (the fork). The first start waited for the first server, found it unfit, and
+    # started cold.
+    if server:
+        run_dir = _crash_and_restart(tmp_path, RANK_AT_IMPORT, spares_expected=0, servers=1)
+        unfit = [line for line in _server_log(run_dir).splitlines() if SPARE_UNFIT in line]
+        said = "fork server: a module read RANK while loaded ahead: rank_config now load after the fork"
+    else:
+        run_dir = _crash_and_restart(tmp_path, RANK_AT_IMPORT, "--no-fork-server", spares_expected=2)
+        unfit = [text for text in _spare_logs(run_dir) if SPARE_UNFIT in text]
+        said = "warm spares: a module read RANK while loaded ahead: rank_config now load after"
     started = of_type(events(run_dir, "agent-"), "attempt_started")
     assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 0), ("restart", 2)]
-    unfit = [text for text in _spare_logs(run_dir) if SPARE_UNFIT in text]
     assert len(unfit) == 1 and "a module read RANK while loaded ahead; skip=rank_config" in unfit[0], unfit
     console = (tmp_path / "out.json").read_text()
-    assert console.count("warm spares: a module read RANK while loaded ahead: rank_config now load after") == 1
+    assert console.count(said) == 1
     for rank in (0, 1):
         assert "warm start not possible" not in (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
         # The warm rank imported `rank_config` after taking its rank: it saw its own (the script exits 3 otherwise).
@@ -129,6 +168,7 @@ def test_a_pool_that_starts_with_the_job_is_ready_for_a_crash_at_the_second_step
     run_dir, out, step_log, crash = tmp_path / "run", tmp_path / "out.json", tmp_path / "steps", tmp_path / "crash"
     proc = start_trainguard(
         "run", "--nproc-per-node", "1", "--run-dir", str(run_dir), "--max-restarts", "1", "--warm-spares", "1",
+        "--no-fork-server",
         "--json", "--", str(PLAIN), "--steps", "100000", "--ckpt-dir", str(tmp_path / "ck"), "--ckpt-every", "5",
         "--step-seconds", "0.02", "--crash-rank", "0", "--crash-file", str(crash), "--step-log", str(step_log),
         "--stop-file", str(tmp_path / "stop"), log=out)

@@ -149,7 +149,8 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         preload_failure_path()
         self.spares = WarmSpares.build(cfg.warm_spares, cfg.nproc_per_node, not cfg.no_python, worker_args,
                                        cfg.layout.logs_base / "spares", cfg.stop_grace_seconds, cfg.node_id,
-                                       fork_server=cfg.fork_server and cfg.warm_spares != 0)
+                                       fork_server=cfg.fork_server and cfg.warm_spares != 0,
+                                       server_tag=self.lifetime.server_environ())
         """Interpreters with torch and the script's imports loaded, ready to take restarted ranks
         (`trainguard.launch.warm`); None: off."""
         self.inprocess = InProcessRestarts.build(cfg, self.spares)

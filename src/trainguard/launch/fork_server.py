@@ -80,10 +80,13 @@ class ForkedProcess(subprocess.Popen[bytes]):
 class ForkServer:
     """One node's fork server: `start` it, `wait_ready` (or check `ready`), then `spawn` ranks."""
 
-    def __init__(self, args: tuple[str, ...], log_dir: Path, skip: tuple[str, ...] = ()) -> None:
+    def __init__(self, args: tuple[str, ...], log_dir: Path, skip: tuple[str, ...] = (),
+                 tag: dict[str, str] | None = None) -> None:
         self.args = args
         """The worker's arguments after the interpreter (``-u script.py ...`` or ``-u -m module ...``)."""
         self.log_dir = log_dir
+        self.tag = tag or {}
+        """The run's process marker for the server (`trainguard.launch.lifetime.ProcessTracker.server_environ`)."""
         self.skip = skip
         """The script's top-level imports left for after the fork (an earlier server found they read a rank's
         variables while loaded ahead)."""
@@ -108,7 +111,8 @@ class ForkServer:
         """Start the server (from the main thread: its parent-death signal fires when the starting thread ends)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
-        env = {**WORKER_ENV_DEFAULTS, **untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
+        env = {**WORKER_ENV_DEFAULTS, **untagged_environ(), **self.tag, "TRAINGUARD_AUTO": "0",
+               SPARE_SKIP_ENV: ",".join(self.skip)}
         path = self.log_dir / "fork-server.log"
         try:
             with open(path, "ab") as out:

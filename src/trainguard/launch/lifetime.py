@@ -187,6 +187,13 @@ class ProcessTracker:
         """The marker for the workers of ``attempt`` (added to their environment)."""
         return {TAG_ENV: f"{self.token}.{attempt}"}
 
+    def server_environ(self) -> dict[str, str]:
+        """The marker of the fork server (`trainguard.launch.fork_server`). Its forked ranks keep the environment
+        the server was started with in ``/proc/<pid>/environ`` whatever ``os.environ`` they take, so this is the
+        tag the sweeps find them (and a data loader they fork) by: within the agent's tree they are left alone
+        until the end of the run, as every worker is."""
+        return {TAG_ENV: f"{self.token}.server"}
+
     def _exclude(self) -> frozenset[int]:
         return frozenset({self.agent_pid, *([self._lifeline.pid] if self._lifeline is not None else [])})
 

@@ -81,7 +81,8 @@ class WarmSpares:
     """A pool of ``count`` waiting spare processes for one agent."""
 
     def __init__(self, count: int, args: tuple[str, ...], log_dir: Path, grace_seconds: float,
-                 eager: bool = True, name: str = "spare", local_ranks: int = 0, forks: bool = False) -> None:
+                 eager: bool = True, name: str = "spare", local_ranks: int = 0, forks: bool = False,
+                 server_tag: dict[str, str] | None = None) -> None:
         self.count = count
         self.local_ranks = local_ranks
         """Workers on this node (with ``count``, the CPUs a pool that starts with the job needs)."""
@@ -108,14 +109,16 @@ class WarmSpares:
         """Why spares cannot take a rank warm even without those imports: the pool is not refilled."""
         self.held: list[subprocess.Popen[bytes]] = []
         """Spares stopped (SIGSTOP) while they import, so that a cold restart's ranks have the CPUs (`claim`)."""
-        self.forks = ForkServer(args, log_dir) if forks else None
+        self.server_tag = server_tag
+        self.forks = ForkServer(args, log_dir, tag=server_tag) if forks else None
         """The node's fork server (`trainguard.launch.fork_server`): while it serves, every rank is forked from it,
         at the first start too, and no spare interpreter is kept; None: off, or it proved unfit twice."""
         self._fork_probes = 0
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
-              grace_seconds: float, node: str, fork_server: bool = False) -> WarmSpares | None:
+              grace_seconds: float, node: str, fork_server: bool = False,
+              server_tag: dict[str, str] | None = None) -> WarmSpares | None:
         """The pool ``requested`` asks for (`AUTO`: sized by `auto_count`; whether it starts with the job is
         decided by `start_with_job`), with a fork server when ``fork_server`` (started at once, from the calling
         thread: the main thread); None when it would be empty or the workers are not Python (``--no-python``:
@@ -126,7 +129,7 @@ class WarmSpares:
         if count <= 0 and not fork_server:
             return None
         pool = cls(max(0, count), args, log_dir, grace_seconds, eager=requested != AUTO, name=f"spare-{node}",
-                   local_ranks=local_ranks, forks=fork_server)
+                   local_ranks=local_ranks, forks=fork_server, server_tag=server_tag)
         if requested == AUTO:
             pool.since, pool._since_cpu = cpu_ticks(), time.process_time()
         if pool.forks is not None:
@@ -149,7 +152,7 @@ class WarmSpares:
             self._fork_probes += 1
             log.warning("fork server: %s: %s now load after the fork (torch stays loaded ahead)",
                         hello.get("unfit"), ", ".join(skip))
-            self.forks = ForkServer(self.args, self.log_dir, (*forks.skip, *skip))
+            self.forks = ForkServer(self.args, self.log_dir, (*forks.skip, *skip), tag=self.server_tag)
             self.forks.start()
             return True
         log.warning("fork server: %s; warm spares instead", hello.get("unfit") or "it ended")

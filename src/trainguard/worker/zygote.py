@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from trainguard.core import protocol
 from trainguard.worker import warm
 
 PDEATHSIG = 1
@@ -97,7 +98,12 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     count, found = warm.preload_for(command, module, os.environ)
     seconds = round(time.monotonic() - t0, 3)
-    print(f"fork server {os.getpid()}: {count + found.count} modules loaded in {seconds:.2f}s", flush=True)
+    if found.unfit is not None:
+        print(f"fork server {os.getpid()}: {protocol.SPARE_UNFIT} {found.unfit}; skip={','.join(found.culprits)}",
+              flush=True)
+    else:
+        print(f"fork server {os.getpid()}: {count + found.count} modules loaded in {seconds:.2f}s; serving",
+              flush=True)
     _send(reply_fd, {"ready": found.unfit is None, "unfit": found.unfit, "skip": list(found.culprits),
                      "modules": count + found.count, "seconds": seconds})
     if found.unfit is not None:
