@@ -69,6 +69,9 @@ def test_ranks_forked_from_the_server_run_the_script_and_their_exits_reach_the_a
         with pytest.raises(subprocess.TimeoutExpired):
             slow.wait(timeout=0.2)
         assert slow.poll() is None
+        # Its /proc/<pid>/environ shows its own variables after the server's (tools find ranks by them).
+        shown = Path(f"/proc/{slow.pid}/environ").read_bytes().split(b"\0")
+        assert b"RANK=2" in shown and b"SLEEP=600" in shown and not any(b"TRAINGUARD_ENV_RESERVE" in v for v in shown)
         os.killpg(slow.pid, signal.SIGTERM)
         assert slow.wait(timeout=60) == -signal.SIGTERM
         slow.send_signal(signal.SIGKILL)  # after its exit was reported: nothing is signalled

@@ -389,5 +389,9 @@ def inprocess_key(attempt: int, name: str) -> str:
 SPARE_SKIP_ENV = "TRAINGUARD_SPARE_SKIP"
 """Comma-separated top-level imports of the script a warm spare leaves for after its takeover: the agent's pool
 learned from an earlier spare that loading them ahead reads a rank's variables."""
+FORK_RESERVE_ENV = "TRAINGUARD_ENV_RESERVE"
+"""A variable of blanks in the fork server's start-up environment: the room where each forked rank writes its own
+variables, so that ``/proc/<pid>/environ`` shows them (`trainguard.worker.zygote.show_environment`)."""
+FORK_RESERVE_BYTES = 32 * 1024
 SPARE_UNFIT = "unfit for a warm start:"
 """Starts a spare's log line that tells the agent why it cannot take a rank warm (``...; skip=a,b``)."""

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.core.protocol import SPARE_SKIP_ENV
+from trainguard.core.protocol import FORK_RESERVE_BYTES, FORK_RESERVE_ENV, SPARE_SKIP_ENV
 from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class ForkServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
         env = {**WORKER_ENV_DEFAULTS, **untagged_environ(), **self.tag, "TRAINGUARD_AUTO": "0",
-               SPARE_SKIP_ENV: ",".join(self.skip)}
+               SPARE_SKIP_ENV: ",".join(self.skip), FORK_RESERVE_ENV: " " * FORK_RESERVE_BYTES}
         path = self.log_dir / "fork-server.log"
         try:
             with open(path, "ab") as out:

@@ -19,6 +19,7 @@ import os
 import select
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from trainguard.core import protocol
@@ -26,6 +27,32 @@ from trainguard.worker import warm
 
 PDEATHSIG = 1
 """``prctl`` option: the signal a process gets when its parent dies (``PR_SET_PDEATHSIG``)."""
+
+
+def show_environment(env: dict[str, str], start: dict[str, str]) -> bool:
+    """Make ``/proc/<pid>/environ`` of this forked rank show its own variables (``RANK``, the run's process tag):
+    the kernel shows the memory where the server's start-up environment was, whatever ``os.environ`` holds now.
+    Those of ``env`` that differ from ``start`` are written over the `protocol.FORK_RESERVE_ENV` variable, after
+    the server's own ones (readers that keep the last of a repeated name see the rank's); the rest of that memory
+    is left as it was, since a library may still point into it. False when there is no room (nothing is written)."""
+    try:
+        fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+        begin, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+        import ctypes
+
+        block = ctypes.string_at(begin, end - begin)
+    except (OSError, IndexError, ValueError):
+        return False
+    mark = block.find(b"\0" + protocol.FORK_RESERVE_ENV.encode() + b"=")
+    if mark < 0:
+        return False
+    stop = block.find(b"\0", mark + 1)
+    room = (stop if stop >= 0 else len(block)) - mark - 1
+    own = b"".join(f"{k}={v}".encode(errors="surrogateescape") + b"\0" for k, v in env.items() if start.get(k) != v)
+    if len(own) > room:
+        return False
+    ctypes.memmove(begin + mark + 1, own + b"\0" * (room - len(own)), room)
+    return True
 
 
 def _send(fd: int, record: dict[str, Any]) -> None:
@@ -93,6 +120,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainguard.worker.zygote FD [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     reply_fd = int(argv[0])
+    start = dict(os.environ)  # as the kernel keeps it for /proc/<pid>/environ (`show_environment`)
     module = argv[1] == "-m"
     command = argv[2:] if module else argv[1:]
     t0 = time.monotonic()
@@ -111,6 +139,9 @@ def main(argv: list[str]) -> int:
     assignment = serve(reply_fd)
     if assignment is None:
         return 0
+    env = {str(k): str(v) for k, v in assignment["env"].items()}
+    if not show_environment(env, start):
+        print("trainguard: /proc/<pid>/environ of this rank shows the fork server's environment", file=sys.stderr)
     warm.run_as_rank(assignment, command, module, None)
     return 0
 
