@@ -62,6 +62,7 @@ def _kill_rank(run_dir: Path, rank: int, agent_pids: dict[str, int]) -> None:
     workers = [c for c in psutil.Process(agent_pids[node]).children(recursive=True)
                if any(str(TRAIN_GPT) in part for part in c.cmdline())
                and "trainguard.worker.warm" not in c.cmdline()]  # a waiting warm spare names the script too
+    # (the fork server does too, without a RANK; a rank forked from it shows its own RANK in its environ)
     env_rank = [w for w in workers if w.environ().get("RANK") == str(rank)]
     assert len(env_rank) == 1, workers
     os.kill(env_rank[0].pid, signal.SIGKILL)

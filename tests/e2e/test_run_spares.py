@@ -66,9 +66,9 @@ def _kill_worker_of_rank(run_dir: Path, rank: int, procs: dict[str, subprocess.P
     """SIGKILL the worker process of ``rank`` (attempt 0); returns the node that ran it."""
     beat = next((run_dir / "heartbeats").glob(f"*/attempt-0/rank-{rank}"))
     node = beat.parent.parent.name
+    # A waiting warm spare and the fork server name the script too; a forked rank shows its RANK in its environ.
     workers = [c for c in psutil.Process(procs[node].pid).children(recursive=True)
-               if any(str(TRAIN_GPT) in part for part in c.cmdline())
-               and "trainguard.worker.warm" not in c.cmdline()]  # a waiting warm spare names the script too
+               if any(str(TRAIN_GPT) in part for part in c.cmdline()) and c.environ().get("RANK") == str(rank)]
     assert len(workers) == 1, workers
     os.kill(workers[0].pid, signal.SIGKILL)
     return node
