@@ -109,3 +109,11 @@ def test_a_server_whose_script_import_reads_its_rank_is_replaced_once_without_th
     finally:
         pool.close()
     assert pool.forks is None or not pool.forks.running()
+
+
+def test_a_process_without_the_reserved_room_writes_nothing_into_its_environ() -> None:
+    from trainguard.worker.zygote import show_environment
+
+    before = Path("/proc/self/environ").read_bytes()
+    assert show_environment({"RANK": "5"}, dict(os.environ)) is False  # this process was not started with the room
+    assert Path("/proc/self/environ").read_bytes() == before
