@@ -195,3 +195,24 @@ def test_spares_still_importing_are_held_while_a_restart_starts_cold(tmp_path: P
         for p in procs:
             p.kill()
             p.wait(timeout=30)
+
+
+def test_a_fork_server_still_importing_is_held_while_a_restart_starts_cold(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second server (the first found the script's import reads its rank) still importing when a fault came early
+    # competed with the cold ranks (Lightning Fabric, fault 2 s after the first step: 1.15x torchrun).
+    pool = WarmSpares(0, ("-u", "train.py"), tmp_path, 1.0, eager=False, local_ranks=2, forks=True)
+    assert pool.forks is not None
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        pool.forks.proc = server  # started, alive, and no report yet: importing
+        monkeypatch.setattr(warm, "can_adopt", lambda: True)
+        assert pool.forks.starting() and pool.ready() == 0
+        assert pool.claim([0, 1]) == []  # both ranks cold: nothing waits for the server
+        assert pool.held == [server] and _settles(server.pid, stopped=True)
+        pool.top_up(True, 1.0)  # the restarted ranks stepped: it goes on importing
+        assert pool.held == [] and _settles(server.pid, stopped=False)
+    finally:
+        pool.close()
+        server.kill()
+        server.wait(timeout=30)

@@ -280,7 +280,8 @@ class WarmSpares:
         return warm
 
     def _hold_loading(self) -> None:
-        for proc in self.spares:
+        server = self.forks.proc if self.forks is not None and self.forks.starting() else None
+        for proc in [*self.spares, *([server] if server is not None else [])]:
             if proc.poll() is None and proc not in self.held and self._importing(proc):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGSTOP)
