@@ -176,7 +176,8 @@ def test_spares_still_importing_are_held_while_a_restart_starts_cold(tmp_path: P
     ready_log, loading_log = tmp_path / "ready.log", tmp_path / "loading.log"
     ready_log.write_text("warm spare 1: 12 modules loaded in 2.00s; waiting\n")
     loading_log.write_text("")  # no "waiting" line yet: importing
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+             for _ in range(2)]  # in their own sessions, as spares are (held by their process group)
     try:
         ready, loading = procs
         pool.spares = [ready, loading]
@@ -203,7 +204,7 @@ def test_a_fork_server_still_importing_is_held_while_a_restart_starts_cold(tmp_p
     # competed with the cold ranks (Lightning Fabric, fault 2 s after the first step: 1.15x torchrun).
     pool = WarmSpares(0, ("-u", "train.py"), tmp_path, 1.0, eager=False, local_ranks=2, forks=True)
     assert pool.forks is not None
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         pool.forks.proc = server  # started, alive, and no report yet: importing
         monkeypatch.setattr(warm, "can_adopt", lambda: True)

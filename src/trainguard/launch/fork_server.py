@@ -139,7 +139,10 @@ class ForkServer:
             self._replied.notify_all()
 
     def _handle(self, record: dict[str, Any]) -> None:
-        if "ready" in record:
+        if "probe" in record:
+            log.warning("fork server: %s: %s now load after the fork (torch stays loaded ahead)", record.get("unfit"),
+                        ", ".join(map(str, record.get("skip") or ())))
+        elif "ready" in record:
             self.hello = record
             self._ready.set()
         elif "pid" in record:

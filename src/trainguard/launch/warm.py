@@ -109,11 +109,9 @@ class WarmSpares:
         """Why spares cannot take a rank warm even without those imports: the pool is not refilled."""
         self.held: list[subprocess.Popen[bytes]] = []
         """Spares stopped (SIGSTOP) while they import, so that a cold restart's ranks have the CPUs (`claim`)."""
-        self.server_tag = server_tag
         self.forks = ForkServer(args, log_dir, tag=server_tag) if forks else None
         """The node's fork server (`trainguard.launch.fork_server`): while it serves, every rank is forked from it,
-        at the first start too, and no spare interpreter is kept; None: off, or it proved unfit twice."""
-        self._fork_probes = 0
+        at the first start too, and no spare interpreter is kept; None: off, or it could not serve."""
 
     @classmethod
     def build(cls, requested: int, local_ranks: int, python_worker: bool, args: tuple[str, ...], log_dir: Path,
@@ -138,24 +136,17 @@ class WarmSpares:
 
     def _forks_serve(self) -> bool:
         """Whether the fork server is loading or serving (then no spare interpreter is started). A server that
-        found the script's imports read a rank's variables is replaced once by one that leaves them out; one that
-        cannot serve at all turns itself off, and the spares take over."""
+        cannot serve (it already left out the imports that read a rank's variables, once) is turned off, and the
+        spares take over, leaving out what it named."""
         forks = self.forks
         if forks is None:
             return False
         if forks.ready() or forks.starting():
             return True
         hello = forks.hello or {}
-        skip = tuple(m for m in hello.get("skip") or () if m not in forks.skip)
         forks.close(self.grace_seconds)
-        if skip and self._fork_probes == 0:
-            self._fork_probes += 1
-            log.warning("fork server: %s: %s now load after the fork (torch stays loaded ahead)",
-                        hello.get("unfit"), ", ".join(skip))
-            self.forks = ForkServer(self.args, self.log_dir, (*forks.skip, *skip), tag=self.server_tag)
-            self.forks.start()
-            return True
         log.warning("fork server: %s; warm spares instead", hello.get("unfit") or "it ended")
+        self.skip = (*self.skip, *(m for m in hello.get("skip") or () if m not in self.skip))
         self.forks = None
         return False
 
@@ -284,7 +275,7 @@ class WarmSpares:
         for proc in [*self.spares, *([server] if server is not None else [])]:
             if proc.poll() is None and proc not in self.held and self._importing(proc):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGSTOP)
+                    os.killpg(proc.pid, signal.SIGSTOP)  # its group: the server loads in a child (spares: alone)
                     self.held.append(proc)
         if self.held:
             log.info("warm spares: %d still importing, held while the restart's cold ranks start", len(self.held))
@@ -293,7 +284,7 @@ class WarmSpares:
         """Let the held spares go on importing."""
         for proc in self.held:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGCONT)
         self.held = []
 
     def adopter(self, ranks: list[int]) -> Adopt:

@@ -2,9 +2,12 @@
 
 The agent starts it as ``python -u -m trainguard.worker.zygote FD [-m] SCRIPT ARGS...`` (through the bootstrap
 that first makes it die with the agent), with its stdin a pipe of requests and ``FD`` a pipe back. It loads
-what a warm spare loads (`trainguard.worker.warm.preload_for`) and says so on ``FD`` as one JSON line
-(``{"ready": ...}``, or why it cannot serve). Then each request line, ``{"id": N, "env": {...}, "stdout": path,
-"stderr": path}``, is answered at once with ``{"id": N, "pid": P}``: a forked child that becomes that rank
+what a warm spare loads: torch, then, in a forked child that serves, the script's top-level imports, watched
+(`_load`: a module that reads a rank's variables is left for after the fork, at the cost of loading the others
+once more, never torch). The serving process says so on ``FD`` as one JSON line (``{"ready": ...}``, or why it
+cannot serve; ``{"probe": ...}`` before it when a module was left out). Then each request line, ``{"id": N,
+"env": {...}, "stdout": path, "stderr": path}``, is answered at once with ``{"id": N, "pid": P}``: a forked child
+that becomes that rank
 (its own session, its environment and log files, the script run as ``__main__``) with torch already loaded.
 When a child ends, ``{"exit": P, "status": S}`` (the raw wait status) follows; the agent knows its ranks'
 exits only from these lines, since the children are this process's, not the agent's. End of input (the agent
@@ -65,14 +68,7 @@ def _become_child(reply_fd: int, pidfds: dict[int, int], parent: int) -> None:
     """In a freshly forked child: its own session (torch stops a rank by its process group), death with the
     server, none of the server's descriptors, and the entropy a cold interpreter would have."""
     os.setsid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PDEATHSIG, 9, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the server died between the fork and the call
-        os._exit(1)
+    _die_with_parent(parent)
     for fd in (reply_fd, *pidfds.values()):
         os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -115,6 +111,61 @@ def serve(reply_fd: int) -> dict[str, Any] | None:
             _send(reply_fd, {"id": request["id"], "pid": pid})
 
 
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PDEATHSIG, 9, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died between the fork and the call
+        os._exit(1)
+
+
+def _load(command: list[str], module: bool, reply_fd: int) -> tuple[int, warm.Preloaded]:
+    """Load torch here, then the script's imports in a forked child that will serve: if they read a rank's
+    variables, that child names the modules and ends, and another child loads the rest (once), so the script's
+    own modules are loaded again but torch never is. This process then waits for the serving child and ends with
+    it. Returns (count of `warm.ALWAYS` modules, what the serving process loaded) in the process that serves."""
+    if not module:
+        sys.path[0] = str(Path(command[0]).resolve().parent)  # as `python script.py` would have it
+    count = warm.preload(list(warm.ALWAYS))
+    skip = warm.skipped_imports(os.environ)
+    modules = [] if module else [m for m in warm.top_level_imports(Path(command[0])) if m not in skip]
+    if not modules:
+        return count, warm.preload_watched([])  # still the CUDA check
+    for round_ in range(2):
+        read_fd, write_fd = os.pipe()
+        parent = os.getpid()
+        child = os.fork()
+        if child == 0:
+            os.close(read_fd)
+            _die_with_parent(parent)
+            found = warm.preload_watched(modules)
+            _send(write_fd, {"unfit": found.unfit, "culprits": list(found.culprits)})
+            os.close(write_fd)
+            if found.unfit is None:
+                return count, found
+            os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as verdict_pipe:
+            raw = verdict_pipe.read()
+        verdict: dict[str, Any] = json.loads(raw) if raw.strip() else {"unfit": "loading the script's imports "
+                                                                               "ended the process", "culprits": []}
+        if verdict["unfit"] is None:  # that child serves; this process only waits for it
+            _, status = os.waitpid(child, 0)
+            os._exit(max(0, os.waitstatus_to_exitcode(status)))
+        os.waitpid(child, 0)
+        culprits = [m for m in verdict["culprits"] if m in modules]
+        if not culprits or round_:
+            return count, warm.Preloaded(0, verdict["unfit"], tuple(culprits))
+        print(f"fork server {os.getpid()}: {protocol.SPARE_UNFIT} {verdict['unfit']}; skip={','.join(culprits)}",
+              flush=True)
+        _send(reply_fd, {"probe": True, "unfit": verdict["unfit"], "skip": culprits})
+        modules = [m for m in modules if m not in culprits]
+    raise AssertionError("unreachable")  # the second round always returns
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
         print("usage: python -m trainguard.worker.zygote FD [-m] SCRIPT [ARGS...]", file=sys.stderr)
@@ -124,7 +175,7 @@ def main(argv: list[str]) -> int:
     module = argv[1] == "-m"
     command = argv[2:] if module else argv[1:]
     t0 = time.monotonic()
-    count, found = warm.preload_for(command, module, os.environ)
+    count, found = _load(command, module, reply_fd)
     seconds = round(time.monotonic() - t0, 3)
     if found.unfit is not None:
         print(f"fork server {os.getpid()}: {protocol.SPARE_UNFIT} {found.unfit}; skip={','.join(found.culprits)}",
@@ -135,7 +186,7 @@ def main(argv: list[str]) -> int:
     _send(reply_fd, {"ready": found.unfit is None, "unfit": found.unfit, "skip": list(found.culprits),
                      "modules": count + found.count, "seconds": seconds})
     if found.unfit is not None:
-        return 0  # its forks would start cold: the agent starts another server without the culprits, or none
+        return 0  # its forks would start cold: the agent turns the server off and keeps warm spares
     assignment = serve(reply_fd)
     if assignment is None:
         return 0
