@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from trainguard.launch.lifetime import descendants
 from trainguard.launch.log_rotation import ROTATED_SUFFIX, rotate
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,32 @@ def set_append(paths: Iterable[Path]) -> set[Path]:
     return done
 
 
+def writers_append(path: Path) -> bool:
+    """Whether the processes below this one that write ``path`` all opened it with ``O_APPEND`` (a rank that
+    opened its own log: forked by the fork server, or a warm spare); False when none is found. Read from
+    ``/proc/<pid>/fdinfo``, once per file that reaches the cap."""
+    target, found = str(path), False
+    for pid in descendants(os.getpid()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{name}") != target:
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{name}") as info:
+                    flags = int(next(x for x in info if x.startswith("flags:")).split()[1], 8)
+            except (OSError, StopIteration, ValueError, IndexError):
+                continue
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                continue
+            if not flags & os.O_APPEND:
+                return False
+            found = True
+    return found
+
+
 class LogPump:
     """Follows one attempt's log files: console lines in bounded memory, and the size cap."""
 
@@ -213,7 +240,7 @@ class LogPump:
         if self.max_bytes <= 0 or size < self.max_bytes:
             return
         if not f.appending:
-            f.appending = f.path in set_append([f.path])
+            f.appending = f.path in set_append([f.path]) or writers_append(f.path)
         if not f.appending:
             if not f.warned:
                 f.warned = True
