@@ -278,6 +278,7 @@ def quiet_torch_logs(verbose: int) -> None:
         logging.getLogger("trainguard.launch").setLevel(logging.ERROR)
         # what the warm-spare pool learned about the script (once per job) changes how fast restarts are
         logging.getLogger("trainguard.launch.warm").setLevel(logging.WARNING)
+        logging.getLogger("trainguard.launch.fork_server").setLevel(logging.WARNING)  # the same for the fork server
         # a rank the agent ended after its training (frozen in torch's teardown) must never go unsaid
         logging.getLogger("trainguard.launch.teardown").setLevel(logging.WARNING)
 
