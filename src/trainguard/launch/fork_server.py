@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ WORKER_ENV_DEFAULTS = {"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
 """Set for the workers unless the job sets them: the flight recorder on, one OpenMP thread per rank (torchrun's
 own default). The server gets them too, before it loads torch: some are read when a library loads."""
 
+REPORT_SECONDS = 2.0
+"""How long `ForkedProcess.poll` waits for the server's report of a rank it sees has ended (milliseconds: the
+server reaps it at once)."""
 REPLY_SECONDS = 10.0
 """How long a request waits for the server's answer (a fork: milliseconds) before the rank starts cold."""
 
@@ -46,12 +50,29 @@ class ForkedProcess(subprocess.Popen[bytes]):
         self._child_created = False  # Popen.__del__ reads it: nothing of ours to reap
         self._server = server
         self._ended = threading.Event()
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)  # readable once it has ended, child of ours or not
+        except OSError:
+            self._pidfd = None  # already reaped: its report is on its way
 
     def _exited(self, status: int) -> None:
         self.returncode = os.waitstatus_to_exitcode(status)
         self._ended.set()
 
+    def _gone(self) -> bool:
+        """Whether the process has ended, reported or not (its pidfd is readable)."""
+        if self._pidfd is None:
+            return True
+        watch = select.poll()
+        watch.register(self._pidfd, select.POLLIN)
+        return bool(watch.poll(0))
+
     def poll(self) -> int | None:
+        # As with a child's waitpid, an exit is seen the moment it happens, not when the server's report is read:
+        # the agent's own look at its ranks and torch's poll right after it must agree on who had ended (a report
+        # read in between made torch's close of a survivor look like a second crash).
+        if self.returncode is None and self._gone():
+            self._ended.wait(REPORT_SECONDS)
         if self.returncode is None and not self._server.running() and not self._server.reading():
             # The server is gone and said nothing more: its children died with it (parent-death signal).
             self.returncode = -signal.SIGKILL
@@ -74,7 +95,10 @@ class ForkedProcess(subprocess.Popen[bytes]):
                 os.kill(self.pid, sig)
 
     def __del__(self) -> None:  # Popen's would reap a child of ours; this one is not
-        pass
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
 
 class ForkServer:
