@@ -37,6 +37,21 @@ REPLY_SECONDS = 10.0
 """How long a request waits for the server's answer (a fork: milliseconds) before the rank starts cold."""
 
 
+def preloader_command(module: str, worker_args: tuple[str, ...], *lead: str) -> list[str]:
+    """``python -u -m MODULE LEAD... SCRIPT ARGS...`` with the workers' interpreter, dying with this process
+    (`die_with_parent_command`): a warm spare (`trainguard.worker.warm`) or the fork server. ``worker_args`` are
+    the worker's arguments after the interpreter (``-u script.py ...`` or ``-u -m module ...``)."""
+    rest = list(worker_args[1:] if worker_args[:1] == ("-u",) else worker_args)  # keep a script's own "-u"
+    python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
+    return die_with_parent_command(python, ["-u"], module, [*lead, *rest])
+
+
+def preloader_environ(skip: tuple[str, ...]) -> dict[str, str]:
+    """The environment of a warm spare or the fork server: this process's less the run's process tag, trainguard's
+    automatic hooks off until a rank is taken, and the script's imports to leave for after it (`SPARE_SKIP_ENV`)."""
+    return {**untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(skip)}
+
+
 class ForkedProcess(subprocess.Popen[bytes]):
     """A rank forked by the fork server, with the part of ``Popen``'s interface torch's process context and the
     agent use (``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``)."""
@@ -127,16 +142,14 @@ class ForkServer:
         self._reader: threading.Thread | None = None
 
     def command(self, reply_fd: int) -> list[str]:
-        rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
-        python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
-        return die_with_parent_command(python, ["-u"], "trainguard.worker.zygote", [str(reply_fd), *rest])
+        return preloader_command("trainguard.worker.zygote", self.args, str(reply_fd))
 
     def start(self) -> None:
         """Start the server (from the main thread: its parent-death signal fires when the starting thread ends)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
-        env = {**WORKER_ENV_DEFAULTS, **untagged_environ(), **self.tag, "TRAINGUARD_AUTO": "0",
-               SPARE_SKIP_ENV: ",".join(self.skip), FORK_RESERVE_ENV: " " * FORK_RESERVE_BYTES}
+        env = {**WORKER_ENV_DEFAULTS, **preloader_environ(self.skip), **self.tag,
+               FORK_RESERVE_ENV: " " * FORK_RESERVE_BYTES}
         path = self.log_dir / "fork-server.log"
         try:
             with open(path, "ab") as out:

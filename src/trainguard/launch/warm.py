@@ -16,15 +16,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-from trainguard.core.protocol import SPARE_SKIP_ENV, SPARE_UNFIT
+from trainguard.core.protocol import SPARE_UNFIT
 from trainguard.health.host import available_memory_bytes, cpu_ticks, idle_cpus
-from trainguard.launch.fork_server import ForkServer
-from trainguard.launch.lifetime import die_with_parent_command, untagged_environ
+from trainguard.launch.fork_server import ForkServer, preloader_command, preloader_environ
 from trainguard.launch.stop import stop_processes
 from trainguard.torch_api.elastic import Adopt, can_adopt
 
@@ -174,10 +172,8 @@ class WarmSpares:
         return self.eager
 
     def _command(self) -> list[str]:
-        rest = list(self.args[1:] if self.args[:1] == ("-u",) else self.args)  # keep a script's own "-u"
-        python = os.environ.get("PYTHON_EXEC", sys.executable)  # the workers' interpreter (`worker_entry`)
         # ``-c`` bootstrap rather than ``-m``: the parent-death signal is set before torch and the script load.
-        return die_with_parent_command(python, ["-u"], "trainguard.worker.warm", rest)
+        return preloader_command("trainguard.worker.warm", self.args)
 
     def alive(self) -> int:
         """Spares that are still running (loading or waiting)."""
@@ -249,7 +245,7 @@ class WarmSpares:
                 return
             # Untagged: a spare outlives the attempt it was started in, so the end-of-attempt sweep must not
             # take it for a worker's leftover (`trainguard.launch.lifetime`). It is tagged when it takes a rank.
-            env = {**untagged_environ(), "TRAINGUARD_AUTO": "0", SPARE_SKIP_ENV: ",".join(self.skip)}
+            env = preloader_environ(self.skip)
             path = self.log_dir / f"{self.name}-{self._started}.log"
             with open(path, "ab") as out:
                 proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,

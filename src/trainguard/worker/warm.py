@@ -203,7 +203,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainguard.worker.warm [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    count, found = preload_for(command, module, os.environ)
+    count, modules = preload_ahead(command, module, os.environ)
+    found = preload_watched(modules)
     if found.unfit is not None:  # the agent reads this line: it leaves the culprits out of its next spares
         print(f"warm spare {os.getpid()}: {protocol.SPARE_UNFIT} {found.unfit}; skip={','.join(found.culprits)}",
               flush=True)
@@ -216,14 +217,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def preload_for(command: list[str], module: bool, env: MutableMapping[str, str]) -> tuple[int, Preloaded]:
-    """What a spare (or the fork server) loads ahead for ``command``: `ALWAYS`, then the script's top-level
-    imports but those ``env`` says to skip, watched. Returns the count of `ALWAYS` modules and the watched part."""
+def preload_ahead(command: list[str], module: bool, env: MutableMapping[str, str]) -> tuple[int, list[str]]:
+    """What a spare (or the fork server) loads first for ``command``: `ALWAYS`, with the script's folder on the
+    path. Returns how many imported and the script's top-level imports to load next, watched (`preload_watched`),
+    less those ``env`` says to skip."""
     if not module:
         sys.path[0] = str(Path(command[0]).resolve().parent)  # as `python script.py` would have it
     count = preload(list(ALWAYS))
     skip = skipped_imports(env)
-    return count, preload_watched([] if module else [m for m in top_level_imports(Path(command[0])) if m not in skip])
+    return count, [] if module else [m for m in top_level_imports(Path(command[0])) if m not in skip]
 
 
 def run_as_rank(assignment: dict[str, Any], command: list[str], module: bool, unfit: str | None) -> None:
@@ -237,7 +239,7 @@ def run_as_rank(assignment: dict[str, Any], command: list[str], module: bool, un
     if module:
         runpy.run_module(command[0], run_name="__main__", alter_sys=True)
     else:
-        runpy.run_path(str(Path(command[0])), run_name="__main__")
+        runpy.run_path(command[0], run_name="__main__")
 
 
 if __name__ == "__main__":

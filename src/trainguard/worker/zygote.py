@@ -127,11 +127,7 @@ def _load(command: list[str], module: bool, reply_fd: int) -> tuple[int, warm.Pr
     variables, that child names the modules and ends, and another child loads the rest (once), so the script's
     own modules are loaded again but torch never is. This process then waits for the serving child and ends with
     it. Returns (count of `warm.ALWAYS` modules, what the serving process loaded) in the process that serves."""
-    if not module:
-        sys.path[0] = str(Path(command[0]).resolve().parent)  # as `python script.py` would have it
-    count = warm.preload(list(warm.ALWAYS))
-    skip = warm.skipped_imports(os.environ)
-    modules = [] if module else [m for m in warm.top_level_imports(Path(command[0])) if m not in skip]
+    count, modules = warm.preload_ahead(command, module, os.environ)
     if not modules:
         return count, warm.preload_watched([])  # still the CUDA check
     for round_ in range(2):
