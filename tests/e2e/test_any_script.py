@@ -169,12 +169,13 @@ def _finished_in_one_attempt(run_dir: Path, steps: int) -> str:
 def test_a_rank_frozen_in_teardown_after_its_training_is_ended_and_counted_as_finished(tmp_path: Path) -> None:
     # torch's own teardown can deadlock holding the GIL (pytorch/pytorch#56297). In a CI run a rank printed its
     # last line, then froze in ~ProcessGroupGloo; 120 s later that was called a hang and the finished job
-    # restarted and failed. Here rank 0 freezes the same way once it destroyed its group.
-    proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20, extra=("--freeze-rank", "0"),
-                               options=("--checkpoint-allowance", "3"))
+    # restarted and failed. Here rank 0 freezes the same way once it destroyed its group. With the default
+    # allowance (120 s, for a rank writing its last files) it is found by using no CPU, not by the allowance.
+    proc, run_dir, _ = _launch(tmp_path, PLAIN, steps=20, extra=("--freeze-rank", "0"))
     _wait(proc, tmp_path)
     evidence = _finished_in_one_attempt(run_dir, 20)
     assert "rank 0" in evidence and "finished its training" in evidence and "thread " in evidence, evidence
+    assert "used no CPU for 1" in evidence, evidence  # 10 s and more: QUIET_SECONDS
 
 
 def test_a_rank_that_crashes_in_its_teardown_after_its_training_is_counted_as_finished(tmp_path: Path) -> None:

@@ -127,6 +127,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         self._attempt_mono = self._last_alive_mono
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._ended_in_teardown: set[int] = set()
+        self._idle = teardown.IdleWatch()
         """Global ranks of this attempt ended by the agent, frozen after their training was over (`teardown`)."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
@@ -328,6 +329,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         self._attempt_closed = False
         self._early = None
         self._ended_in_teardown = set()
+        self._idle = teardown.IdleWatch()
         self.watch.on_attempt(self.attempt)
 
     # --- watching -------------------------------------------------------------------------------
@@ -425,6 +427,8 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         if lost:  # not made to wait on the store: with c10d the lost peer may be the store's host
             return self._on_node_lost(wg, lost, time.time())
         finished = self._finished(wg)
+        if self._end_idle_in_teardown(wg, beats, finished, mono):
+            return result
         verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono,
                                       finished=len(finished))
         if verdict is not None:
@@ -441,6 +445,23 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
             return result
         leave = self.watch.poll(lambda: live_ranks(wg, set()), self.leader)
         return result if leave is None else self._leave_for_spare(leave)
+
+    def _end_idle_in_teardown(self, wg: WorkerGroup, beats: dict[int, Heartbeat | None], finished: set[int],
+                              mono: float) -> bool:
+        """End the ranks done with training, all of whose node peers finished, that went silent and use no CPU (a
+        teardown deadlock, `teardown.IdleWatch`) without waiting out the allowance a rank writing its last files
+        gets; True when some were ended."""
+        local = [w.global_rank for w in wg.workers]
+        done = [r for r in local if r not in finished and (b := beats.get(r)) is not None and b.phase == "done"]
+        procs = {wg.workers[i].global_rank: proc.pid for i, proc in self._procs().items()}
+        watched = teardown.stuck_in_teardown(done, beats, local, finished)
+        idle = self._idle.idle({r: procs[r] for r in watched if r in procs}, mono)
+        silent = self.watchdog.config.alive_stale_seconds
+        frozen = [r for r in sorted(idle) if (b := beats.get(r)) is not None and mono - b.alive_mono > silent]
+        if not frozen:
+            return False
+        self._ended_in_teardown |= teardown.end_frozen(frozen, procs, beats, mono, self.diag_dir(), idle)
+        return True
 
     def _store_answers(self) -> bool:
         """Before acting on a hang: the store answers now (else this node's own link is the likely cause, the next

@@ -7,7 +7,10 @@ tensors waits for the GIL (pytorch/pytorch#56297). The rank had printed its last
 under torchrun the job never ends. The watchdog gives a rank in phase ``done`` the checkpoint allowance; a
 hang verdict on such ranks, once every other rank of this node has ended with exit code 0, is not a training
 hang: nothing is left to do in those processes, so the agent writes what the kernel shows of them, ends them
-and counts them as finished (the attempt completes; no restart is spent).
+and counts them as finished (the attempt completes; no restart is spent). The allowance exists for a rank that
+writes its last files after training; a deadlocked rank is told apart sooner by what the kernel counts
+(`IdleWatch`): its heartbeat thread silent, its main thread using no CPU and no thread in an I/O wait for
+``QUIET_SECONDS``.
 
 The same teardown can also crash: a script that never destroyed its group leaves torch's C++ objects to the
 interpreter's exit, where a CI run's Hugging Face rank printed its last line, then died with "terminate called
@@ -33,6 +36,12 @@ EVIDENCE_NAME = "teardown_rank_{rank}.txt"
 CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 """How a process's own code dies. Not SIGKILL or SIGTERM: those come from outside (an operator, the OOM killer,
 this agent), and say nothing about where the process was."""
+QUIET_SECONDS = 10.0
+"""A process whose main thread used not one clock tick (10 ms) of CPU in this long, with no thread in an I/O wait,
+and whose heartbeat thread is silent, is not finishing anything: the deadlock leaves the main thread asleep holding
+the GIL. (Its other threads still use CPU: Python threads waiting for the GIL wake every 5 ms, gloo's loop polls.)
+An interpreter's own shutdown uses the main thread's CPU; twice the heartbeat's silence limit leaves room for a
+short wait at exit."""
 
 
 def stuck_in_teardown(ranks: Sequence[int], beats: Mapping[int, Heartbeat | None], local: Iterable[int],
@@ -48,6 +57,48 @@ def stuck_in_teardown(ranks: Sequence[int], beats: Mapping[int, Heartbeat | None
     if not set(local) - set(ranks) <= finished:
         return ()
     return tuple(sorted(ranks))
+
+
+def cpu_state(pid: int) -> tuple[int, bool] | None:
+    """(CPU clock ticks the process's main thread has used, whether any of its threads is in an uninterruptible
+    I/O wait), or None when it is gone or unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (OSError, IndexError, ValueError):
+        return None
+    for tid in tids:
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                return ticks, True
+    return ticks, False
+
+
+class IdleWatch:
+    """Per rank, since when its process's main thread has used no CPU (one instance per attempt)."""
+
+    def __init__(self, quiet_seconds: float = QUIET_SECONDS) -> None:
+        self.quiet_seconds = quiet_seconds
+        self._marks: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, ticks, first seen at these ticks)
+
+    def idle(self, pids: Mapping[int, int], now_mono: float) -> dict[int, float]:
+        """Of ``pids`` (rank -> pid, the ranks to watch now), rank -> seconds without CPU, for those idle at least
+        ``quiet_seconds``. A rank left out of ``pids`` starts over when it comes back."""
+        marks: dict[int, tuple[int, int, float]] = {}
+        out: dict[int, float] = {}
+        for rank, pid in pids.items():
+            state = cpu_state(pid)
+            if state is None or state[1]:
+                continue
+            mark = self._marks.get(rank)
+            if mark is None or mark[:2] != (pid, state[0]):
+                mark = (pid, state[0], now_mono)
+            marks[rank] = mark
+            if now_mono - mark[2] >= self.quiet_seconds:
+                out[rank] = now_mono - mark[2]
+        self._marks = marks
+        return out
 
 
 def _threads(pid: int) -> str:
@@ -81,14 +132,16 @@ def _write_evidence(folder: Path, rank: int, text: str) -> str:
     return name
 
 
-def end(rank: int, pid: int, beat: Heartbeat | None, now_mono: float, folder: Path) -> str:
+def end(rank: int, pid: int, beat: Heartbeat | None, now_mono: float, folder: Path, idle_seconds: float = 0.0) -> str:
     """Write what is known of ``rank`` (process ``pid``) to ``folder``, then SIGKILL it. Returns the evidence
     file's name (empty when it could not be written)."""
     done_for = now_mono - beat.phase_start_mono if beat is not None else 0.0
     silent_for = now_mono - beat.alive_mono if beat is not None and beat.alive_mono > 0 else 0.0
+    idle = (f"; its main thread used no CPU for {idle_seconds:.1f}s with no thread waiting on I/O"
+            if idle_seconds else "")
     text = (f"rank {rank} (pid {pid}) finished its training {done_for:.1f}s ago (heartbeat phase done) and its "
             f"process did not end; its background thread last wrote {silent_for:.1f}s ago (a frozen interpreter: "
-            "no Python stacks from it). Ended with SIGKILL and counted as finished.\n"
+            f"no Python stacks from it){idle}. Ended with SIGKILL and counted as finished.\n"
             f"{_threads(pid)}\n")
     name = _write_evidence(folder, rank, text)
     with contextlib.suppress(ProcessLookupError):
@@ -97,15 +150,15 @@ def end(rank: int, pid: int, beat: Heartbeat | None, now_mono: float, folder: Pa
 
 
 def end_frozen(ranks: Sequence[int], pids: Mapping[int, int], beats: Mapping[int, Heartbeat | None],
-               now_mono: float, folder: Path) -> set[int]:
+               now_mono: float, folder: Path, idle: Mapping[int, float] | None = None) -> set[int]:
     """`end` each of ``ranks`` that has a process (``pids``: global rank -> pid), saying so on the console;
-    returns the ranks ended."""
+    returns the ranks ended. ``idle``: rank -> seconds without CPU, where that is what gave it away."""
     ended = set()
     for rank in ranks:
         pid = pids.get(rank)
         if pid is None:
             continue
-        name = end(rank, pid, beats.get(rank), now_mono, folder)
+        name = end(rank, pid, beats.get(rank), now_mono, folder, (idle or {}).get(rank, 0.0))
         ended.add(rank)
         log.warning("rank %d finished its training but its process did not end (frozen in teardown: torch's own "
                     "shutdown can deadlock); ended it and counted it as finished%s", rank,
