@@ -165,12 +165,18 @@ def install(environ: Mapping[str, str] | None = None,
 def die_with_agent() -> bool:
     """Have the kernel SIGKILL this rank when its agent dies, even by SIGKILL (``PR_SET_PDEATHSIG``).
 
-    Only a direct child of the agent asks (a rank torch started; not a process the rank started itself). The
-    parent is checked again after the call: an agent that died just before it would otherwise leave this
-    process running under init. Costs ~3 ms (ctypes). True when it is set."""
+    Only a direct child of the agent asks (a rank torch started; not a process the rank started itself). Costs
+    ~3 ms (ctypes). True when it is set."""
     agent = os.environ.get("TRAINGUARD_AGENT_PID", "")
     if not sys.platform.startswith("linux") or not agent.isdigit() or os.getppid() != int(agent):
         return False
+    return die_with_parent(int(agent))
+
+
+def die_with_parent(parent: int) -> bool:
+    """``PR_SET_PDEATHSIG`` SIGKILL for this process; True when it is set. The parent is checked again after the
+    call: one that died just before it would otherwise leave this process running under init, so this process
+    ends at once then."""
     try:
         import ctypes
 
@@ -178,6 +184,6 @@ def die_with_agent() -> bool:
             return False
     except Exception:
         return False
-    if os.getppid() != int(agent):  # the agent died between the check and the call
+    if os.getppid() != parent:  # the parent died between the fork (or the check) and the call
         os.kill(os.getpid(), 9)
     return True

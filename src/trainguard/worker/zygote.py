@@ -27,9 +27,7 @@ from typing import Any
 
 from trainguard.core import protocol
 from trainguard.worker import warm
-
-PDEATHSIG = 1
-"""``prctl`` option: the signal a process gets when its parent dies (``PR_SET_PDEATHSIG``)."""
+from trainguard.worker.bootstrap import die_with_parent
 
 
 def show_environment(env: dict[str, str], start: dict[str, str]) -> bool:
@@ -68,7 +66,7 @@ def _become_child(reply_fd: int, pidfds: dict[int, int], parent: int) -> None:
     """In a freshly forked child: its own session (torch stops a rank by its process group), death with the
     server, none of the server's descriptors, and the entropy a cold interpreter would have."""
     os.setsid()
-    _die_with_parent(parent)
+    die_with_parent(parent)
     for fd in (reply_fd, *pidfds.values()):
         os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -111,17 +109,6 @@ def serve(reply_fd: int) -> dict[str, Any] | None:
             _send(reply_fd, {"id": request["id"], "pid": pid})
 
 
-def _die_with_parent(parent: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PDEATHSIG, 9, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent died between the fork and the call
-        os._exit(1)
-
-
 def _load(command: list[str], module: bool, reply_fd: int) -> tuple[int, warm.Preloaded]:
     """Load torch here, then the script's imports in a forked child that will serve: if they read a rank's
     variables, that child names the modules and ends, and another child loads the rest (once), so the script's
@@ -136,7 +123,7 @@ def _load(command: list[str], module: bool, reply_fd: int) -> tuple[int, warm.Pr
         child = os.fork()
         if child == 0:
             os.close(read_fd)
-            _die_with_parent(parent)
+            die_with_parent(parent)
             found = warm.preload_watched(modules)
             _send(write_fd, {"unfit": found.unfit, "culprits": list(found.culprits)})
             os.close(write_fd)
