@@ -111,9 +111,16 @@ def _failure(run_dir: Path) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def culprit_right(run_dir: Path, failure: dict[str, Any], rank: int) -> bool:
-    """The failure names ``rank`` alone, and so does the first diagnosis."""
-    diagnosis = [e for e in _events(run_dir, "agent-") if e["type"] == "diagnosis"]
+def culprit_right(run_dir: Path, failure: dict[str, Any], rank: int, wait_seconds: float = 10.0) -> bool:
+    """The failure names ``rank`` alone, and so does the first diagnosis. The agent writes the diagnosis after the
+    failure record (0.1 s later on this machine): it is waited for, up to ``wait_seconds``, else a failure read
+    the moment it appeared counted as a wrong culprit."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        diagnosis = [e for e in _events(run_dir, "agent-") if e["type"] == "diagnosis"]
+        if diagnosis or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     return bool(failure["ranks"] == [rank] and diagnosis and diagnosis[0]["culprit_ranks"] == [rank])
 
 
