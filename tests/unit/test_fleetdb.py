@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+import threading
+import time
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from tests.unit.streams import crash_mid_step, skewed_hosts
 from trainguard.core.events import RunEnded, RunStarted
 from trainguard.core.rundir import RunDir
 from trainguard.errors import InputError
-from trainguard.health.fleetdb import FleetDB
+from trainguard.health.fleetdb import FleetDB, sqlite_backend
 
 
 def _make_run(root: Path, name: str, case, *, own_id: bool = False) -> RunDir:
@@ -120,3 +123,42 @@ def test_host_history_filters_by_host(fleet_db: str) -> None:
         assert b and {h.host for h in b} == {"node-b"}
         assert ("culprit", "GPU HBM3 Memory") in {(h.kind, h.detail) for h in b}
         assert ("xid", "48") in {(h.kind, h.detail) for h in b}
+
+
+def test_a_file_another_connection_writes_to_turns_to_wal_once_it_is_free(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite calls no busy handler for the WAL switch: while a writer held the file, the open failed at once with
+    # "database is locked" (a CI run's many writers opening one new file). Now it waits, within the busy timeout.
+    path = tmp_path / "fleet.db"
+    seed = sqlite3.connect(path)
+    seed.execute("CREATE TABLE t(x)")
+    seed.commit()
+    seed.close()
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")  # a rollback-journal file with a writer in it
+    retried = threading.Event()
+
+    def pause(seconds: float) -> None:
+        retried.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(sqlite_backend, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pause))
+    outcome: list[object] = []
+
+    def open_it() -> None:
+        try:
+            with FleetDB(path, busy_timeout_seconds=120.0) as fleet:
+                outcome.append(fleet.event_count())
+        except Exception as exc:  # the failure before the fix
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_it)
+    opener.start()
+    while not retried.is_set() and opener.is_alive():  # until it found the file held and waits
+        time.sleep(0.01)
+    writer.execute("COMMIT")
+    writer.close()
+    opener.join(120)
+    assert outcome == [0]
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

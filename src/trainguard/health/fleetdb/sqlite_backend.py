@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
 from trainguard.errors import StorageError, TrainguardError
@@ -14,6 +15,8 @@ from trainguard.health.fleetdb.records import FleetDBError
 # sqlite error names (Python 3.11+ puts them on the exception) that mean "this file is not a usable
 # database"; every other failure of the engine (full, read-only, I/O, locked, cannot open) is storage.
 _BAD_FILE_ERRORS = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+WAL_RETRY_SECONDS = 0.05
+"""Pause between tries at turning a file to WAL while another connection writes to it."""
 
 
 class SQLiteBackend(Backend):
@@ -35,7 +38,7 @@ class SQLiteBackend(Backend):
             raise self.error(exc, "open") from None
         super().__init__(conn)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _to_wal(conn, time.monotonic() + busy_timeout_seconds)
             conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             conn.close()
@@ -47,6 +50,23 @@ class SQLiteBackend(Backend):
         if name.startswith(_BAD_FILE_ERRORS) or "not a database" in text or "malformed" in text:
             return FleetDBError(f"{self.path}: not a usable fleet database ({text})")
         return StorageError(f"{self.path}: cannot {doing} the fleet database ({text})")
+
+
+def _to_wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """Put the file in WAL mode (kept in the file: once done, only read here). Turning it needs the file to
+    itself, and SQLite does not call the busy handler for that: while another connection writes, the pragma fails
+    at once with "database is locked" (a CI run's many writers opening one new file did). So it is tried again
+    until ``deadline`` (the busy timeout), and a file another connection turned meanwhile is taken as it is."""
+    while True:
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(WAL_RETRY_SECONDS)
 
 
 def _check_file(path: Path) -> None:
