@@ -67,14 +67,18 @@ def test_without_step_state_the_attempt_counts(rt: runtime.Runtime) -> None:
     assert _steps(rt.run_dir) == [1, 2, 3]
 
 
-def test_attach_makes_the_script_steps_win(rt: runtime.Runtime) -> None:
+def test_the_script_steps_win_from_its_first_worker_step(rt: runtime.Runtime) -> None:
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
     _train(opt, 1)
     w = attach()
-    _train(opt, 2)  # no longer counted
+    # Still counted: a script that attaches (for a Checkpointer, a Replica) but never calls worker.step kept no
+    # progress signal at all, so its hangs went unseen (the live-heal copy of docs/peers.md).
+    _train(opt, 2)
+    assert rt.source == "optimizer"
     with w.step(7):
-        pass
-    assert _steps(rt.run_dir) == [1, 7] and rt.source == "script"
+        _train(opt, 1)  # inside the script's step: the script counts it
+    _train(opt, 2)  # no longer counted
+    assert _steps(rt.run_dir) == [1, 2, 3, 7] and rt.source == "script"
 
 
 def test_per_step_cost_of_the_hooks(rt: runtime.Runtime) -> None:

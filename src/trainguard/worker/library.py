@@ -90,6 +90,7 @@ class Worker:
     def step(self, step: int) -> Iterator[StepContext]:
         """Mark one optimizer step (``step`` starts at 1). Faults scheduled for it fire on entry."""
         rt = self._rt
+        rt.set_source("script")  # before the optimizer's hooks in this step: they no longer count
         if rt.injector is not None:
             rt.injector.on_step_start(step)
         ctx = StepContext(self, step, time.monotonic())
@@ -146,10 +147,11 @@ def attach(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None = 
 
     ``run_dir`` defaults to ``$TRAINGUARD_RUN_DIR`` (set by ``trainguard run``), else
     ``trainguard-runs/<TORCHELASTIC_RUN_ID or local>``. ``rank`` defaults to ``$RANK`` (0).
-    From this call on the script's steps are the rank's progress (heartbeat source ``script``).
+    From the script's first ``worker.step(...)`` on, its steps are the rank's progress (heartbeat source
+    ``script``); until then, and for good in a script that never calls it, the optimizer's steps count as they do
+    without this call, so that such a script's hangs are still found.
     """
     rt = runtime.acquire(run_dir=Path(run_dir) if run_dir is not None else None, rank=rank)
-    rt.set_source("script")
     rt.start_control()
     rt.start_background()
     if rt.injector is not None and rt.injector.chaos_group is None and chaos.Injector.needs_chaos_group(
