@@ -200,3 +200,19 @@ def wait_for_event(run_dir: Path, kind: str, proc: subprocess.Popen[bytes], time
             break
         time.sleep(0.02)
     raise AssertionError(f"no {kind} record")
+
+
+def worker_pid(run_dir: Path, rank: int, attempt: int) -> int:
+    """The pid of the worker with this rank, found through its environment as an operator would."""
+    want = {f"TRAINGUARD_RUN_DIR={run_dir.resolve()}".encode(), f"RANK={rank}".encode(),
+            f"TRAINGUARD_ATTEMPT={attempt}".encode()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            return int(entry.name)
+    raise AssertionError(f"no worker process of rank {rank} in attempt {attempt}")

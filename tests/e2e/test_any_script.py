@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e._run_helpers import events, of_type, start_trainguard, trainguard
+from tests.e2e._run_helpers import events, of_type, start_trainguard, trainguard, worker_pid
 from trainguard.core.protocol import RunLayout, read_heartbeat
 
 HERE = Path(__file__).resolve().parent / "unmodified"
@@ -55,22 +55,6 @@ def _wait(proc: Any, tmp_path: Path, timeout: float = 200) -> None:
         raise
     out = (tmp_path / "trainguard.log").read_text(errors="replace")
     assert code == 0, f"trainguard run exited {code}:\n{out[-4000:]}"
-
-
-def _worker_pid(run_dir: Path, rank: int, attempt: int) -> int:
-    """The pid of the worker with this rank, found through its environment as an operator would."""
-    want = {f"TRAINGUARD_RUN_DIR={run_dir.resolve()}".encode(), f"RANK={rank}".encode(),
-            f"TRAINGUARD_ATTEMPT={attempt}".encode()}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env:
-            return int(entry.name)
-    raise AssertionError(f"no worker process of rank {rank} in attempt {attempt}")
 
 
 def _wait_for_step(run_dir: Path, rank: int, step: int, timeout: float = 120) -> None:
@@ -196,7 +180,7 @@ def test_a_rank_that_crashes_in_its_teardown_after_its_training_is_counted_as_fi
 def test_kill_9_of_a_rank(tmp_path: Path, script: Path) -> None:
     proc, run_dir, _ = _launch(tmp_path, script, steps=50)
     _wait_for_step(run_dir, 1, 15)
-    os.kill(_worker_pid(run_dir, 1, 0), signal.SIGKILL)
+    os.kill(worker_pid(run_dir, 1, 0), signal.SIGKILL)
     _wait(proc, tmp_path)
     _check_failure(run_dir, "crash", 1)
     assert _resumed(run_dir, script)
@@ -207,7 +191,7 @@ def test_kill_9_of_a_rank(tmp_path: Path, script: Path) -> None:
 def test_kill_stop_of_a_rank(tmp_path: Path, script: Path) -> None:
     proc, run_dir, _ = _launch(tmp_path, script, steps=50)
     _wait_for_step(run_dir, 1, 15)
-    pid = _worker_pid(run_dir, 1, 0)
+    pid = worker_pid(run_dir, 1, 0)
     os.kill(pid, signal.SIGSTOP)
     _wait(proc, tmp_path)
     failure = _check_failure(run_dir, "hang", 1)
