@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._run_helpers import events, of_type, start_trainguard, wait_until
-from tests.e2e.test_any_script import PLAIN, _worker_pid
+from tests.e2e._run_helpers import events, of_type, start_trainguard, wait_until, worker_pid
+from tests.e2e.test_any_script import PLAIN
 from trainguard.core.protocol import RunLayout, read_heartbeat
 from trainguard.launch.watchdog import WatchdogConfig
 
@@ -57,7 +57,7 @@ def test_a_stopped_rank_is_found_by_the_learned_timeout_with_its_latency_from_th
     # A floor below the default (4 s) lets the learned part show: the timeout then comes from the steps.
     proc, run_dir, log = _start(tmp_path, "--hang-floor", "1")
     wait_until("rank 1 at step 15", lambda: _steps_done(run_dir, 1) >= 15, proc, log, timeout=150)
-    os.kill(_worker_pid(run_dir, 1, 0), signal.SIGSTOP)
+    os.kill(worker_pid(run_dir, 1, 0), signal.SIGSTOP)
     _finish(proc, log)
     agent = events(run_dir, "agent-")
     [failure] = of_type(agent, "failure_detected")
