@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast, overload
 
 from trainguard.core import protocol
 from trainguard.launch.store_auth import StoreSigner, job_signer
+from trainguard.worker.group_sockets import GroupSockets
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,15 @@ def _teardown(backend: str) -> None:
         log.warning("trainguard: closing the broken process group: %s", exc)
 
 
+def _leave_broken(backend: str, sockets: GroupSockets) -> None:
+    """Leave a group that broke: on gloo, first end this rank's side of its connections, so that a live peer
+    still blocked reading from this rank fails now (`trainguard.worker.group_sockets`), then tear it down."""
+    if backend == "gloo":
+        shut = sockets.end_writes()
+        log.debug("trainguard: ended %d connection(s) of the broken group", shut)
+    _teardown(backend)
+
+
 def _last_words(exc: BaseException, rank: int) -> None:
     """The flight-recorder dump and stacks of the broken attempt, written before the process group goes (the
     agent's own request comes later, when there is no group left to dump): what a rank exiting on the same
@@ -278,8 +288,9 @@ def _next_attempt(store: Any, keys: SignedKeys, attempt: int, timeout_seconds: f
 
 class _AbortWatch:
     """NCCL only: abort the communicators when the agent opens the next attempt while this rank is still
-    inside the function. A gloo collective fails by itself when a peer dies (its sockets close); an NCCL one
-    may wait for the process-group timeout. Untested here (no GPUs)."""
+    inside the function. A gloo collective fails by itself when a peer dies (its sockets close) or leaves the
+    broken group (`_leave_broken`); an NCCL one may wait for the process-group timeout. Untested here (no
+    GPUs)."""
 
     def __init__(self, settings: InProcessSettings, keys: SignedKeys, attempt: int) -> None:
         self._settings = settings
@@ -341,8 +352,10 @@ class _Restarter:
             self.store.add(self.keys.key(attempt, "arrived"), 1)
         while True:
             watch = _AbortWatch(self.settings, self.keys, attempt) if self.backend == "nccl" else None
+            sockets = GroupSockets()
             try:
                 self._form_group(attempt)
+                sockets.formed()
                 result = fn(*args, **kwargs)
             except Exception as exc:
                 if watch is not None:
@@ -353,7 +366,7 @@ class _Restarter:
                 log.warning("trainguard: attempt %d broke on rank %d (%s: %s); waiting for the next attempt",
                             attempt, self.settings.rank, type(exc).__name__, str(exc).splitlines()[0][:200])
                 _last_words(exc, self.settings.rank)
-                _teardown(self.backend)
+                _leave_broken(self.backend, sockets)
                 attempt = _next_attempt(self.store, self.keys, attempt, self.settings.timeout_seconds)
                 _enter_attempt(self.store, self.keys, attempt, time.monotonic() + self.settings.timeout_seconds)
                 log.warning("trainguard: rank %d re-enters in attempt %d (%.2fs after the failure)",
@@ -383,10 +396,12 @@ class _Restarter:
         if rank >= survivors:
             return
         started = time.monotonic()
+        sockets = GroupSockets()
         try:
             pg_store = dist.PrefixStore(self.keys.key(attempt, "interim") + "/", self.store)
             dist.init_process_group(self.backend, store=pg_store, rank=rank, world_size=survivors,
                                     timeout=timedelta(seconds=s.timeout_seconds))
+            sockets.formed()
         except Exception as exc:
             log.warning("trainguard: no interim group of the survivors (%s); waiting for the whole group", exc)
             _teardown(self.backend)
@@ -406,6 +421,7 @@ class _Restarter:
             if not peer_failure(exc):
                 raise
             log.warning("trainguard: the survivors' interim group broke (%s)", str(exc).splitlines()[0][:200])
+            _leave_broken(self.backend, sockets)
         finally:
             _INTERIM = None
             _teardown(self.backend)
