@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.core import names
 from trainguard.core.names import check_name, check_rank, new_run_id
 from trainguard.core.rundir import RunDir
 from trainguard.errors import UsageError
@@ -46,6 +47,35 @@ def test_new_run_ids_are_unique_within_one_second_and_sortable() -> None:
         assert re.fullmatch(r"run-\d{8}-\d{6}-[0-9a-f]{6}", i)
         check_name("run id", i)
     assert new_run_id(now=1_800_000_000.0) < new_run_id(now=1_800_000_001.0)
+
+
+
+def test_a_repeated_random_draw_in_the_same_second_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The 24 random bits repeat among 500 ids about once in 135 tries; the old code then returned the repeat.
+    draws = iter(["00abcd", "00abcd", "00abcd", "ffffff"])
+    monkeypatch.setattr(names.secrets, "token_hex", lambda n: next(draws))
+    first = new_run_id(now=1_800_000_100.0)
+    second = new_run_id(now=1_800_000_100.0)
+    assert first.endswith("-00abcd") and second.endswith("-ffffff")
+    # in a later second the same random part is a different id, so it is not drawn again
+    monkeypatch.setattr(names.secrets, "token_hex", lambda n: "00abcd")
+    assert new_run_id(now=1_800_000_101.0).endswith("-00abcd")
+
+
+def test_the_default_run_folder_is_never_one_another_process_already_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from trainguard.cli import run as cli_run
+    from trainguard.cli.run_rendezvous import Rendezvous
+
+    (tmp_path / "runs" / "run-20270115-080000-00abcd").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    draws = iter(["run-20270115-080000-00abcd", "run-20270115-080000-ffffff"])
+    monkeypatch.setattr(names, "new_run_id", lambda: next(draws))
+    args = argparse.Namespace(rdzv_id=None, run_dir=None)
+    run_dir, rdzv_id = cli_run._run_dir_and_id(args, (1, 1), Rendezvous("c10d", "127.0.0.1:0", 0, {}))
+    assert run_dir == Path("runs") / "run-20270115-080000-ffffff" and rdzv_id == run_dir.name
 
 
 def test_writer_names_that_escape_the_run_folder_are_refused(tmp_path: Path) -> None:

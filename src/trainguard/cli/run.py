@@ -138,6 +138,8 @@ def _run_dir_and_id(args: argparse.Namespace, nnodes: tuple[int, int], rdzv: Ren
         return run_dir, rdzv_id or check_name("rendezvous id (the run dir's name; give --rdzv-id)",
                                               run_dir.resolve().name)
     run_id = new_run_id()
+    while (Path("runs") / run_id).exists():  # another process drew the same id in the same second
+        run_id = new_run_id()
     # Every node must agree on the id without talking first: torchrun's fixed default then.
     return Path("runs") / run_id, rdzv_id or ("none" if nnodes[1] > 1 and rdzv.backend == "c10d" else run_id)
 

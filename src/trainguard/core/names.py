@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import threading
 import time
 
 from trainguard.core.numeric import is_number
@@ -21,6 +22,18 @@ MAX_RANK = 10_000_000
 
 _NAME = re.compile(NAME_PATTERN)
 _RANK = re.compile(r"[0-9]{1,8}")
+
+
+class _IssuedIds:
+    """The run ids this process handed out in the latest second (an earlier second's cannot repeat)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stamp = ""
+        self.ids: set[str] = set()
+
+
+_ISSUED = _IssuedIds()
 _SHOWN = 60  # characters of a bad value quoted in the message: enough to recognise it, short enough for one line
 
 
@@ -53,7 +66,16 @@ def check_rank(value: object) -> int:
 def new_run_id(now: float | None = None) -> str:
     """A fresh run id: ``run-YYYYmmdd-HHMMSS-xxxxxx`` (local time, then 6 random hex digits).
 
-    Two runs started in the same second get different ids (24 random bits: a collision needs about
-    4,000 runs in one second); ids still sort by start time to the second."""
+    Ids sort by start time to the second. Within one process no id is handed out twice (the random
+    part is redrawn on a repeat); across processes 24 random bits make a repeat unlikely but not
+    impossible (about 1 in 1.7 million for 5 runs started in the same second), so the caller that makes
+    the folder still checks that it is new."""
     stamp = time.strftime("run-%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{stamp}-{secrets.token_hex(3)}"
+    with _ISSUED.lock:
+        if _ISSUED.stamp != stamp:
+            _ISSUED.stamp, _ISSUED.ids = stamp, set()
+        while True:
+            run_id = f"{stamp}-{secrets.token_hex(3)}"
+            if run_id not in _ISSUED.ids:
+                _ISSUED.ids.add(run_id)
+                return run_id
