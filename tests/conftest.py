@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 from trainguard.core.rundir import RunDir
 
 if TYPE_CHECKING:
     from tests.postgres_server import PostgresServer
+
+# Property tests check behaviour, not speed: no per-example deadline (on a busy machine one slow example
+# would make Hypothesis call the test flaky). They draw the same examples every run, so a red run can be
+# reproduced; TRAINGUARD_HYPOTHESIS=explore draws new ones.
+settings.register_profile("steady", deadline=None, derandomize=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile("explore" if os.environ.get("TRAINGUARD_HYPOTHESIS") == "explore" else "steady")
 
 
 @pytest.fixture
