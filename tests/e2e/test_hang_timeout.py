@@ -1,9 +1,10 @@
 """The learned hang timeout on a real unmodified script (plain DDP, never imports trainguard), with defaults.
 
 A SIGSTOPped rank is found by the timeout learned from the job's own steps (its floor, not the busy allowance),
-blamed, and its latency is counted from the job's last progress (nobody recorded the fault); a hang injected
-by chaos (a rank asleep in Python, its heartbeat thread alive) is given the busy allowance and its latency is
-counted from the fault's own record. No timing goal is asserted: benchmarks/hang.py measures the latency.
+or sooner once the kernel shows it frozen (`trainguard.launch.frozen`), blamed, and its latency is counted from
+the job's last progress (nobody recorded the fault); a hang injected by chaos (a rank asleep in Python, its
+heartbeat thread alive) is given the busy allowance and its latency is counted from the fault's own record. No
+timing goal is asserted: benchmarks/hang.py measures the latency.
 """
 
 from __future__ import annotations
@@ -71,6 +72,22 @@ def test_a_stopped_rank_is_found_by_the_learned_timeout_with_its_latency_from_th
     console = log.read_text(errors="replace")
     assert "after the job's last progress (the fault's own time is unknown: an estimate)" in console
 
+
+
+def test_a_stopped_rank_the_kernel_shows_frozen_is_found_without_waiting_out_the_timeout(tmp_path: Path) -> None:
+    # Floor and busy allowance far above anything else: only the kernel's evidence can end this hang early.
+    proc, run_dir, log = _start(tmp_path, "--hang-floor", "100", "--busy-allowance", "100")
+    wait_until("rank 1 at step 15", lambda: _steps_done(run_dir, 1) >= 15, proc, log, timeout=150)
+    pid = worker_pid(run_dir, 1, 0)
+    os.kill(pid, signal.SIGSTOP)
+    _finish(proc, log)
+    agent = events(run_dir, "agent-")
+    [failure] = of_type(agent, "failure_detected")
+    assert failure["kind"] == "hang" and failure["ranks"] == [1], failure
+    assert "the kernel shows rank(s) [1] frozen" in failure["detail"], failure
+    assert _timeout_in(failure["detail"]) == 100.0  # the timeout in force was not what ended it
+    assert failure["detection_latency_seconds"] < 100.0
+    assert of_type(agent, "diagnosis")[0]["culprit_ranks"] == [1]
 
 def test_a_rank_asleep_in_python_gets_the_busy_allowance_and_its_latency_from_the_injected_fault(
         tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from trainguard.core.protocol import Heartbeat
+from trainguard.launch.frozen import sample
 from trainguard.launch.teardown import (
     IdleWatch,
-    cpu_state,
     crashed_after_done,
     end_frozen,
     note_crashed,
@@ -84,9 +84,9 @@ def _started(code: str) -> subprocess.Popen[str]:
 
 def _next_tick(pid: int) -> None:
     """Wait until the main thread of ``pid`` used one more clock tick of CPU."""
-    ticks = cpu_state(pid)
-    assert ticks is not None
-    while cpu_state(pid) == ticks:
+    first = sample(pid)
+    assert first is not None
+    while (now := sample(pid)) is not None and now.main_ticks == first.main_ticks:
         time.sleep(0.005)
 
 
@@ -101,7 +101,7 @@ def test_a_process_deadlocked_on_the_gil_is_idle_and_a_busy_one_is_not() -> None
         while "nanosleep" not in Path(f"/proc/{frozen.pid}/wchan").read_text():  # until it sleeps holding the GIL
             time.sleep(0.01)
         watch = IdleWatch(quiet_seconds=10.0)
-        assert cpu_state(frozen.pid) is not None
+        assert sample(frozen.pid) is not None
         assert watch.idle({0: frozen.pid, 1: busy.pid}, 100.0) == {}  # first look: nothing known yet
         _next_tick(busy.pid)
         assert watch.idle({0: frozen.pid, 1: busy.pid}, 105.0) == {}  # 5 s is not yet quiet enough
@@ -114,7 +114,7 @@ def test_a_process_deadlocked_on_the_gil_is_idle_and_a_busy_one_is_not() -> None
         for proc in (frozen, busy):
             proc.kill()
             proc.wait()
-    assert cpu_state(frozen.pid) is None  # gone
+    assert sample(frozen.pid) is None  # gone
 
 
 class _Phases:

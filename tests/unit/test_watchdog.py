@@ -308,6 +308,43 @@ def test_a_script_rank_at_work_gets_the_busy_allowance_a_stopped_one_the_timeout
     assert v is not None and v.ranks == (0, 1)
 
 
+
+def test_a_rank_the_kernel_shows_frozen_is_hung_without_the_timeout_or_the_busy_allowance() -> None:
+    w = watchdog(floor_seconds=4.0, busy_allowance_seconds=4.0, alive_stale_seconds=5.0)
+    _steady(w, 10)
+    # Rank 1 was SIGSTOPped mid-step at 1.05 (its last write): to the heartbeats alone it looks at work, so rank 0
+    # waiting for it is given the busy allowance (4 s from the last progress at 1.0).
+    beats = {0: auto(10, 1.0, dur=0.1, coll=20, pending=1.2, alive=3.3), 1: auto(10, 1.0, dur=0.1, coll=20, alive=1.05)}
+    assert w.check(beats, now=3.4) is None
+    # The kernel confirms it frozen: hung now, rank 1 the culprit, the evidence in the reason.
+    v = w.check(beats, now=3.4, frozen=[1])
+    assert v is not None and v.ranks == (1,) and v.stale_ranks == (1,) and v.onset_mono == 1.0
+    assert "the kernel shows rank(s) [1] frozen" in v.reason and "at work" not in v.reason
+    # Before the first step the start-up allowance still holds; inside a save, the checkpoint allowance.
+    early = watchdog(first_step_allowance_seconds=120.0)
+    assert early.check({0: auto(0, 0.0, alive=1.0, pending=0.5), 1: auto(0, 0.0, alive=0.2)}, now=3.0,
+                       frozen=[1]) is None
+    saving = watchdog(checkpoint_allowance_seconds=60.0)
+    _steady(saving, 10)
+    in_save = {0: auto(10, 1.0, dur=0.1, coll=20, pending=1.2, alive=3.3),
+               1: auto(10, 1.0, dur=0.1, coll=20, alive=1.05, phase="save", pt=1.02)}
+    assert saving.check(in_save, now=3.4, frozen=[1]) is None
+    # A finished peer: a silent rank is tearing down (`teardown` deals with it), not called hung at once.
+    assert w.check({1: beats[1]}, now=3.5, finished=1, frozen=[1]) is None
+
+
+def test_a_script_rank_the_kernel_shows_frozen_is_late_at_once() -> None:
+    w = watchdog(floor_seconds=4.0, busy_allowance_seconds=4.0, warmup_samples=0, alive_stale_seconds=5.0)
+    for i in range(1, 6):
+        w.check({0: script(i, i * 0.1, dur=0.1), 1: script(i, i * 0.1, dur=0.1)}, now=i * 0.1)
+    stopped = Heartbeat(step=5, steps_done=5, progress_mono=0.5, duration_seconds=0.1, phase="step",
+                        phase_start_mono=0.5, source="script", alive_mono=0.6)
+    waiting = Heartbeat(step=5, steps_done=5, progress_mono=0.5, duration_seconds=0.1, phase="step",
+                        phase_start_mono=0.5, source="script", alive_mono=2.5, pending_since_mono=0.6)
+    assert w.check({0: stopped, 1: waiting}, now=2.6) is None  # 2.1 s without a step: under the 4 s floor
+    v = w.check({0: stopped, 1: waiting}, now=2.6, frozen=[0])
+    assert v is not None and v.ranks == (0,)
+
 def test_the_recorded_healthy_runs_give_no_false_hang_under_the_default_model() -> None:
     # Real 2-rank runs on a loaded 2-core host (a CPU burner and other jobs beside them), replayed through the
     # default timeout model in the strictest reading (every long interval as if the others waited).

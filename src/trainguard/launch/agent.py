@@ -41,6 +41,7 @@ from trainguard.core.events import AttemptEnded, AttemptStarted, Event, RunStart
 from trainguard.core.protocol import MEMORY_GB_ENV, MEMORY_PLACEMENT_ENV, Heartbeat, WorkerEnv, read_heartbeat
 from trainguard.core.safefs import make_dirs
 from trainguard.launch import admission, attempts, evidence, nodes, teardown
+from trainguard.launch import frozen as frozen_ranks
 from trainguard.launch.admission import NodeExcludedExit
 from trainguard.launch.attempts import Attempts
 from trainguard.launch.config import SupervisorConfig
@@ -128,6 +129,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._ended_in_teardown: set[int] = set()
         self._idle = teardown.IdleWatch()
+        self._still = frozen_ranks.FrozenWatch()
         """Global ranks of this attempt ended by the agent, frozen after their training was over (`teardown`)."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
@@ -330,6 +332,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         self._early = None
         self._ended_in_teardown = set()
         self._idle = teardown.IdleWatch()
+        self._still = frozen_ranks.FrozenWatch()
         self.watch.on_attempt(self.attempt)
 
     # --- watching -------------------------------------------------------------------------------
@@ -430,7 +433,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         if self._end_idle_in_teardown(wg, beats, finished, mono):
             return result
         verdict = self.watchdog.check({r: b for r, b in beats.items() if r not in finished}, mono,
-                                      finished=len(finished))
+                                      finished=len(finished), frozen=self._frozen(wg, beats, finished, mono))
         if verdict is not None:
             frozen = teardown.stuck_in_teardown(verdict.ranks, beats, (w.global_rank for w in wg.workers), finished)
             if frozen:  # their exits count as finished
@@ -462,6 +465,15 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
             return False
         self._ended_in_teardown |= teardown.end_frozen(frozen, procs, beats, mono, self.diag_dir(), idle)
         return True
+
+    def _frozen(self, wg: WorkerGroup, beats: dict[int, Heartbeat | None], finished: set[int],
+                mono: float) -> list[int]:
+        """This node's ranks that the kernel shows frozen (`trainguard.launch.frozen`); only those whose heartbeat
+        missed a write are looked at."""
+        procs = {wg.workers[i].global_rank: proc.pid for i, proc in self._procs().items()}
+        silent = {r: pid for r, pid in procs.items() if r not in finished and (b := beats.get(r)) is not None
+                  and b.alive_mono > 0 and mono - b.alive_mono > frozen_ranks.SILENT_SECONDS}
+        return sorted(self._still.frozen(silent, mono))
 
     def _store_answers(self) -> bool:
         """Before acting on a hang: the store answers now (else this node's own link is the likely cause, the next

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from trainguard.core.protocol import Heartbeat
 from trainguard.core.safefs import write_private
+from trainguard.launch.frozen import sample
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +60,6 @@ def stuck_in_teardown(ranks: Sequence[int], beats: Mapping[int, Heartbeat | None
     return tuple(sorted(ranks))
 
 
-def cpu_state(pid: int) -> tuple[int, bool] | None:
-    """(CPU clock ticks the process's main thread has used, whether any of its threads is in an uninterruptible
-    I/O wait), or None when it is gone or unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
-        tids = os.listdir(f"/proc/{pid}/task")
-    except (OSError, IndexError, ValueError):
-        return None
-    for tid in tids:
-        with contextlib.suppress(OSError, IndexError):
-            if Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
-                return ticks, True
-    return ticks, False
-
-
 class IdleWatch:
     """Per rank, since when its process's main thread has used no CPU (one instance per attempt)."""
 
@@ -88,12 +73,12 @@ class IdleWatch:
         marks: dict[int, tuple[int, int, float]] = {}
         out: dict[int, float] = {}
         for rank, pid in pids.items():
-            state = cpu_state(pid)
-            if state is None or state[1]:
+            seen = sample(pid)
+            if seen is None or "D" in seen.states:
                 continue
             mark = self._marks.get(rank)
-            if mark is None or mark[:2] != (pid, state[0]):
-                mark = (pid, state[0], now_mono)
+            if mark is None or mark[:2] != (pid, seen.main_ticks):
+                mark = (pid, seen.main_ticks, now_mono)
             marks[rank] = mark
             if now_mono - mark[2] >= self.quiet_seconds:
                 out[rank] = now_mono - mark[2]

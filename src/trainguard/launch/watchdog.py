@@ -21,6 +21,10 @@ writing for ``alive_stale_seconds``) or waiting in a collective gets only the ti
   longer than the timeout AND some rank has waited in a collective for longer than it, or some rank's
   background thread stopped writing (the process is stopped or frozen); while a rank is busy, not before
   the busy allowance. A long validation or data phase without collectives is therefore never called a hang.
+* a rank the kernel shows frozen (`trainguard.launch.frozen`: its heartbeat thread missed a write and, for a
+  second, no thread of it could run, none waited on I/O and it used no CPU) cannot resume by itself: once the job
+  has stepped it is hung at once, without the timeout or the busy allowance (the first-step and phase allowances
+  still apply). A stopped or fully deadlocked rank is found in about 2.5 s instead of the floor's 4 s or more.
 * once a rank of the attempt has finished (exit code 0), the others are tearing down: a rank that went silent
   or stopped stepping then (interpreter shutdown, a teardown that holds the GIL) is not called hung before
   ``checkpoint_allowance_seconds`` from that finish. A rank left *waiting* in a collective (alive, something
@@ -32,7 +36,7 @@ writing for ``alive_stale_seconds``) or waiting in a collective gets only the ti
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from trainguard.core.numeric import in_range, is_number
@@ -147,6 +151,8 @@ class Watchdog:
         """When a rank of this attempt was first seen finished (None: none yet)."""
         self.signal_seen = False
         """Whether any rank of the run has sent a progress signal in any attempt so far."""
+        self._frozen: frozenset[int] = frozenset()
+        """Ranks the kernel shows frozen at this check (`trainguard.launch.frozen`)."""
         self._warned_no_signal = False
 
     def new_attempt(self, start_mono: float) -> None:
@@ -183,9 +189,14 @@ class Watchdog:
         if beat.has_progress_signal:
             self.signal_seen = True
 
-    def check(self, beats: Mapping[int, Heartbeat | None], now: float, *, finished: int = 0) -> Verdict | None:
+    def check(self, beats: Mapping[int, Heartbeat | None], now: float, *, finished: int = 0,
+              frozen: Collection[int] = ()) -> Verdict | None:
         """``beats``: latest heartbeat per watched rank (None = not written yet); ``now``: ``time.monotonic()``;
-        ``finished``: how many ranks of the attempt already ended with exit code 0 (left out of ``beats``)."""
+        ``finished``: how many ranks of the attempt already ended with exit code 0 (left out of ``beats``);
+        ``frozen``: ranks whose process the kernel shows frozen (`trainguard.launch.frozen.FrozenWatch`): they
+        cannot resume by themselves, so once the job has stepped they are hung without waiting out the timeout
+        (the first-step and phase allowances still apply)."""
+        self._frozen = frozenset(frozen)
         if finished and self.teardown_mono is None:
             self.teardown_mono = now
         if not beats:
@@ -240,11 +251,11 @@ class Watchdog:
                 late.append(rank)
         # A rank at work (a save, an evaluation) keeps the ranks that wait for it from being late before the
         # busy allowance: the waiting ones are in a collective, the busy one is alive.
-        if any(self._busy(current[r], now) for r in scripted):
+        if any(self._busy(r, current[r], now) for r in scripted):
             timeout = max(timeout, self.config.busy_allowance_seconds)
         for rank in scripted:
-            last, deadline = self._script_deadline(current[rank], timeout)
-            if self._tearing_down(now) and not self._waits(current[rank], now):
+            last, deadline = self._script_deadline(current[rank], 0.0 if rank in self._frozen else timeout)
+            if self._tearing_down(now) and not self._waits(rank, current[rank], now):
                 deadline = max(deadline, (self.teardown_mono or now) + self.config.checkpoint_allowance_seconds)
             progress.append(last)
             if now > deadline:
@@ -263,17 +274,19 @@ class Watchdog:
         """A rank of the attempt finished less than the checkpoint allowance ago."""
         return self.teardown_mono is not None and now <= self.teardown_mono + self.config.checkpoint_allowance_seconds
 
-    def _alive(self, beat: Heartbeat, now: float) -> bool:
-        """Its background thread writes (it wrote within ``alive_stale_seconds``)."""
-        return beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds
+    def _alive(self, rank: int, beat: Heartbeat, now: float) -> bool:
+        """Its background thread writes (it wrote within ``alive_stale_seconds``) and the kernel does not show it
+        frozen."""
+        return (beat.alive_mono > 0 and now - beat.alive_mono <= self.config.alive_stale_seconds
+                and rank not in self._frozen)
 
-    def _waits(self, beat: Heartbeat, now: float) -> bool:
+    def _waits(self, rank: int, beat: Heartbeat, now: float) -> bool:
         """Alive and inside a collective."""
-        return self._alive(beat, now) and beat.pending_since_mono > 0
+        return self._alive(rank, beat, now) and beat.pending_since_mono > 0
 
-    def _busy(self, beat: Heartbeat, now: float) -> bool:
+    def _busy(self, rank: int, beat: Heartbeat, now: float) -> bool:
         """Alive and in no collective: the rank works on something."""
-        return self._alive(beat, now) and beat.pending_since_mono <= 0
+        return self._alive(rank, beat, now) and beat.pending_since_mono <= 0
 
     def _script_deadline(self, beat: Heartbeat, timeout: float) -> tuple[float, float]:
         """(last progress, deadline) of a rank that counts its steps through ``trainguard.attach()``."""
@@ -296,7 +309,8 @@ class Watchdog:
                     last_steps: dict[int, int]) -> Verdict | None:
         """The job-level rule for ranks watched through optimizer hooks and the flight recorder."""
         onset = max(self._wait_progress(r, b) for r, b in beats.items())
-        deadline = onset + timeout
+        frozen = [] if self._tearing_down(now) else sorted(self._frozen.intersection(beats))
+        deadline = onset + (0.0 if frozen else timeout)
         if not any(b.steps_done > 0 for b in beats.values()):
             deadline = max(deadline, self.attempt_start_mono + self.config.first_step_allowance_seconds)
         for beat in beats.values():
@@ -304,7 +318,7 @@ class Watchdog:
                 deadline = max(deadline, beat.phase_start_mono + self.config.checkpoint_allowance_seconds)
         if now <= deadline:
             return None
-        silent = sorted(r for r, b in beats.items() if b.alive_mono > 0 and not self._alive(b, now))
+        silent = sorted(r for r, b in beats.items() if b.alive_mono > 0 and not self._alive(r, b, now))
         # A peer finished: silence is the interpreter's shutdown (a rank that really waits still writes).
         stale = [] if self._tearing_down(now) else silent
         # A silent rank's last heartbeat tells what it did before it went quiet, not that it waits now.
@@ -312,7 +326,8 @@ class Watchdog:
                          if r not in silent and b.pending_since_mono > 0 and now - b.pending_since_mono > timeout)
         if not waiting and not stale:
             return None  # nothing waits: a long phase without collectives (validation, data), not a hang
-        busy = [r for r, b in beats.items() if r not in stale and self._busy(b, now)]
+        # A frozen rank will never join: whoever else is at work cannot make the job progress without it.
+        busy = [] if frozen else [r for r, b in beats.items() if r not in stale and self._busy(r, b, now)]
         if busy:
             if now <= onset + self.config.busy_allowance_seconds:
                 return None  # the others wait for a rank at work (a rank-0 save, an evaluation): give it time
@@ -323,6 +338,9 @@ class Watchdog:
             parts.append(f"rank(s) {waiting} waiting in a collective (longest {longest:.1f}s)")
         if stale:
             parts.append(f"rank(s) {stale} stopped writing heartbeats (process stopped or frozen)")
+        if frozen and stale:
+            parts.append(f"the kernel shows rank(s) {frozen} frozen (no thread able to run, none waiting on I/O, "
+                         "no CPU used)")
         if busy:
             parts.append(f"rank(s) {busy} at work outside any collective (given the busy allowance)")
         return Verdict(

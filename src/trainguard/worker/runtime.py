@@ -1,7 +1,7 @@
 """The one per-process state of trainguard's worker side, shared by `attach()` and the automatic hooks.
 
 It owns the heartbeat file, the rank's event file, the chaos injector, the control thread and a
-background thread that refreshes the heartbeat four times a second (``alive_mono``), reads collective
+background thread that refreshes the heartbeat every `TICK_SECONDS` (``alive_mono``), reads collective
 progress from the flight recorder once a default process group exists, starts the control thread and
 pre-warms the first dump. Nothing here may stop or slow training: every failure is logged once and
 turns the failing part off.

@@ -1,0 +1,92 @@
+"""Ranks the kernel shows frozen: their heartbeat thread missed a write, and for a while none of their threads
+could run, none waited on I/O and the process used no CPU at all.
+
+The watchdog alone must wait out its floor before it calls a silent rank hung, because a heartbeat thread can be
+late for harmless reasons: starved of CPU on a busy machine, or waiting for the GIL while the main thread computes.
+The kernel tells those apart from a frozen process. A starved thread is runnable (state ``R``); a computing one
+uses CPU; a thread waiting on storage is in ``D``. A process stopped by a signal (``T``), or one all of whose
+threads sleep on a lock nobody will release, shows none of that, and cannot resume by itself: waiting for the
+floor only adds latency. What is read is `/proc/<pid>/stat` (the whole process's CPU clock ticks) and each
+thread's state letter, a few small reads per silent rank per poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SILENT_SECONDS = 1.5
+"""A rank's heartbeat older than this missed a write (its background thread writes every second:
+`trainguard.worker.runtime.TICK_SECONDS`); only such ranks are looked at."""
+CONFIRM_SECONDS = 1.0
+"""How long a silent rank must show no runnable thread, no I/O wait and no CPU used to be called frozen: ten
+polls at the agent's 0.1 s interval, and a hundred chances for one of a live process's threads to be seen
+running or to add a clock tick (10 ms)."""
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """What the kernel shows of one process at one instant."""
+
+    ticks: int
+    """CPU clock ticks used by all its threads (user + system)."""
+    main_ticks: int
+    """Those of its main thread alone."""
+    states: str
+    """Each thread's state letter (proc(5): ``R`` running, ``S`` asleep, ``D`` I/O wait, ``T`` stopped...)."""
+
+    @property
+    def still(self) -> bool:
+        """No thread runnable or in an I/O wait."""
+        return not any(s in "RD" for s in self.states)
+
+
+def sample(pid: int) -> ProcessSample | None:
+    """The process ``pid`` now; None when it is gone or cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5), all threads
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (OSError, IndexError, ValueError):
+        return None
+    states = []
+    main_ticks = -1
+    for tid in tids:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended between the two reads
+            thread = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            states.append(thread[0])
+            if tid == str(pid):
+                main_ticks = int(thread[11]) + int(thread[12])
+    return ProcessSample(ticks, main_ticks, "".join(states)) if main_ticks >= 0 else None
+
+
+class FrozenWatch:
+    """Per rank, since when its process has been still (one instance per attempt)."""
+
+    def __init__(self, confirm_seconds: float = CONFIRM_SECONDS) -> None:
+        self.confirm_seconds = confirm_seconds
+        self._marks: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, ticks, still since)
+
+    def frozen(self, pids: Mapping[int, int], now_mono: float) -> dict[int, float]:
+        """Of ``pids`` (rank -> pid: the silent ranks to look at now), rank -> seconds still, for those still for
+        at least ``confirm_seconds``. A rank left out, seen running, or seen using CPU starts over."""
+        marks: dict[int, tuple[int, int, float]] = {}
+        out: dict[int, float] = {}
+        for rank, pid in pids.items():
+            seen = sample(pid)
+            if seen is None or not seen.still:
+                continue
+            mark = self._marks.get(rank)
+            if mark is None or mark[:2] != (pid, seen.ticks):
+                mark = (pid, seen.ticks, now_mono)
+            marks[rank] = mark
+            if now_mono - mark[2] >= self.confirm_seconds:
+                out[rank] = now_mono - mark[2]
+        self._marks = marks
+        return out
