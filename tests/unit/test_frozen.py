@@ -82,3 +82,18 @@ def test_a_process_asleep_holding_the_gil_is_frozen_unless_one_of_its_threads_st
         for proc in (asleep, working):
             proc.kill()
             proc.wait()
+
+
+def test_a_process_that_exited_and_was_not_yet_collected_is_not_frozen() -> None:
+    # The rank's exit is the agent's to see (a crash, or the end of training); a parent slow to collect it leaves a
+    # zombie that uses no CPU and runs no thread, and calling that a hang would hide the crash.
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while (seen := sample(proc.pid)) is not None and "Z" not in seen.states:
+            time.sleep(0.01)
+        assert seen is not None and not seen.still
+        watch = FrozenWatch(confirm_seconds=1.0)
+        assert watch.frozen({0: proc.pid}, 100.0) == {}
+        assert watch.frozen({0: proc.pid}, 102.0) == {}
+    finally:
+        proc.wait()

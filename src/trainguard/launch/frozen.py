@@ -43,8 +43,9 @@ class ProcessSample:
 
     @property
     def still(self) -> bool:
-        """No thread runnable or in an I/O wait."""
-        return not any(s in "RD" for s in self.states)
+        """No thread runnable or in an I/O wait, and the process is not exiting (a zombie, ``Z``, waits only for
+        its parent to collect its exit: an exit, not a freeze)."""
+        return not any(s in "RDZX" for s in self.states)
 
 
 def sample(pid: int) -> ProcessSample | None:
