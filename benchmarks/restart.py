@@ -13,27 +13,28 @@ Sections, all in the same benchmark run, interleaved rep by rep:
 
 * ``unmodified``: an unmodified plain DDP script (tests/e2e/unmodified/plain_ddp.py, which never imports
   trainguard), `trainguard run` with no recovery option at all against bare ``torchrun --max-restarts 1``;
-  rank 1 SIGKILLs itself at ``--unmodified-crash-step`` of the first launch (late enough that the default warm
-  spares have loaded); fault -> first new step from the script's own step log (the same yardstick under both
-  launchers); goal <= 0.5 x torchrun's. ``warm_starts`` says how many ranks of the restart were warm spares;
-  ``trainguard_warm_spares_0`` is the same run with ``--warm-spares 0`` (cold interpreters), for comparison;
-  ``trainguard_spares_at_launch`` with ``--warm-spares RANKS`` (a pool that starts with the job whatever the
-  node's CPUs). Each run also gives ``launch_to_first_step_seconds`` (the launcher's start -> the first step
-  every rank completed: what a pool started with the job costs the start). With ``--ranks 1`` rank 0 crashes;
-  ``--unmodified-crash-step 2`` is a fault before an automatic pool that waits for training could be ready;
+  rank 1 SIGKILLs itself at ``--unmodified-crash-step`` of the first launch; fault -> first new step from the
+  script's own step log (the same yardstick under both launchers); goal <= 0.5 x torchrun's. ``warm_starts``
+  says how many ranks of the restart were warm (forks of the node's fork server, by default, or warm spares);
+  ``trainguard_warm_spares_0`` is the same run with ``--no-fork-server --warm-spares 0`` (cold interpreters),
+  for comparison; ``trainguard_spares_at_launch`` with ``--no-fork-server --warm-spares RANKS`` (a pool that
+  starts with the job whatever the node's CPUs). Each run also gives ``launch_to_first_step_seconds`` (the
+  launcher's start -> the first step every rank completed: what a pool started with the job costs the start).
+  With ``--ranks 1`` rank 0 crashes; ``--unmodified-crash-step 2`` is a fault in the first steps;
 
 * ``trainguard``: `trainguard run`, SIGKILL of rank 1, whole-process restart (trainguard/examples/train_gpt.py);
 * ``torchrun_max_restarts``: bare torchrun, the same crash;
-* ``inprocess``: `trainguard run --in-process --warm-spares 1` on the same model written as a restartable
-  function (trainguard/examples/train_gpt_inprocess.py): rank 0 re-enters in its interpreter, a warm spare
-  takes rank 1's place; goal <= 0.35 x torchrun's fault -> first new step;
-* ``inprocess_cold``: the same with ``--warm-spares 0`` (rank 1's new process imports torch);
-* ``warm_restart``: a whole-process restart from warm spares (``--in-process --fresh-processes
+* ``inprocess_forked``: `trainguard run --in-process` with its defaults on the same model written as a
+  restartable function (trainguard/examples/train_gpt_inprocess.py): rank 0 re-enters in its interpreter, rank
+  1's new process is a fork of the node's fork server; goal <= 0.35 x torchrun's fault -> first new step;
+* ``inprocess``: the same with ``--no-fork-server --warm-spares 1``: a warm spare takes rank 1's place;
+* ``inprocess_cold``: the same with ``--no-fork-server --warm-spares 0`` (rank 1's new process imports torch);
+* ``warm_restart``: a whole-process restart from warm spares (``--in-process --fresh-processes --no-fork-server
   --warm-spares RANKS``: every rank gets a new process, none imports torch); goal <= 0.6 x torchrun's;
 * ``hang``: a hang of rank 1 (it stops before the step's collectives) under `trainguard run`: detection
   latency and detection -> first new step (goal <= 5 s: stopping the hung workers takes the
   SIGCONT/SIGTERM/--stop-grace/SIGKILL path, not torch's 30 s); ``hang_inprocess``: the same with
-  ``--in-process --warm-spares 1`` (the hung rank is killed at once and replaced).
+  ``--in-process --no-fork-server --warm-spares 1`` (the hung rank is killed at once and replaced).
 
 Bare torchrun needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 to restart gloo workers at all (see
 shared/reference/pytorch-2.13-cpu-facts.md); it gathers no evidence and runs no health checks.
@@ -124,18 +125,27 @@ def trainguard_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", [], GPT)
 
 
+# Warm spares only start without the fork server (docs/decisions.md N16): the rows that measure them say so.
+NO_FORKS = "--no-fork-server"
+
+
 def inprocess_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process"], AFTER_SPARES, 1)
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process", NO_FORKS],
+                       AFTER_SPARES, 1)
+
+
+def inprocess_forked_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process"], GPT_INPROCESS)
 
 
 def warm_restart_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process", "--fresh-processes"],
-                       AFTER_SPARES, args.ranks)
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1",
+                       ["--in-process", "--fresh-processes", NO_FORKS], AFTER_SPARES, args.ranks)
 
 
 def inprocess_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1", ["--in-process", "--warm-spares", "0"],
-                       GPT_INPROCESS)
+    return _supervised(args, run_dir, f"crash@step={args.crash_step},rank=1",
+                       ["--in-process", NO_FORKS, "--warm-spares", "0"], GPT_INPROCESS)
 
 
 def hang_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
@@ -143,7 +153,8 @@ def hang_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
 
 
 def hang_inprocess_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return _supervised(args, run_dir, f"hang@step={args.crash_step},rank=1", ["--in-process"], AFTER_SPARES, 1)
+    return _supervised(args, run_dir, f"hang@step={args.crash_step},rank=1", ["--in-process", NO_FORKS],
+                       AFTER_SPARES, 1)
 
 
 def torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
@@ -209,12 +220,12 @@ def unmodified_torchrun_run(args: argparse.Namespace, run_dir: Path) -> dict[str
 
 
 def unmodified_cold_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
-    return unmodified_run(args, run_dir, ("--warm-spares", "0"))
+    return unmodified_run(args, run_dir, ("--no-fork-server", "--warm-spares", "0"))
 
 
 def unmodified_spares_at_launch_run(args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     """A count asked for: the pool starts with the job whatever the node's CPUs."""
-    return unmodified_run(args, run_dir, ("--warm-spares", str(args.ranks)))
+    return unmodified_run(args, run_dir, ("--no-fork-server", "--warm-spares", str(args.ranks)))
 
 
 UNMODIFIED: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
@@ -223,7 +234,8 @@ UNMODIFIED: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = 
 }
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path], dict[str, float]]] = {
-    "tg": trainguard_run, "bare": torchrun_run, "inprocess": inprocess_run, "inprocess_cold": inprocess_cold_run,
+    "tg": trainguard_run, "bare": torchrun_run, "inprocess": inprocess_run, "inprocess_forked": inprocess_forked_run,
+    "inprocess_cold": inprocess_cold_run,
     "warm_restart": warm_restart_run, "hang": hang_run, "hang_inprocess": hang_inprocess_run,
 }
 
@@ -318,6 +330,7 @@ def main() -> int:
         "torchrun_max_restarts": {"fault_to_first_new_step_seconds": bare_fault, "runs": rows["bare"]},
         "ratio_trainguard_over_torchrun": round(tg_fault / bare_fault, 3),
         "inprocess": _section(rows["inprocess"], bare_fault, INPROCESS_GOAL_RATIO),
+        "inprocess_forked": _section(rows["inprocess_forked"], bare_fault, INPROCESS_GOAL_RATIO),
         "inprocess_cold": _section(rows["inprocess_cold"], bare_fault, None),
         "warm_restart": _section(rows["warm_restart"], bare_fault, WARM_GOAL_RATIO),
         "hang": hang,
