@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.live_procs import next_tick, started
 from trainguard.core.protocol import Heartbeat
 from trainguard.launch.frozen import sample
 from trainguard.launch.teardown import (
@@ -75,41 +76,26 @@ def test_a_frozen_process_is_written_down_then_killed(tmp_path: Path, caplog: py
     assert str(tmp_path / "teardown_rank_3.txt") in caplog.text
 
 
-def _started(code: str) -> subprocess.Popen[str]:
-    """A Python process running ``code`` once it printed "ready" (its start-up's CPU use is over)."""
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    return proc
-
-
-def _next_tick(pid: int) -> None:
-    """Wait until the main thread of ``pid`` used one more clock tick of CPU."""
-    first = sample(pid)
-    assert first is not None
-    while (now := sample(pid)) is not None and now.main_ticks == first.main_ticks:
-        time.sleep(0.005)
-
-
 def test_a_process_deadlocked_on_the_gil_is_idle_and_a_busy_one_is_not() -> None:
     # The deadlock's shape: the main thread asleep holding the GIL while another thread uses CPU without it (gloo's
     # loop polls; here a key derivation, which releases the GIL): the process uses CPU, its main thread does not.
-    frozen = _started("import ctypes, hashlib, threading\nsleep = ctypes.PyDLL(None).sleep\n"
+    frozen = started("import ctypes, hashlib, threading\nsleep = ctypes.PyDLL(None).sleep\n"
                       "threading.Thread(target=hashlib.pbkdf2_hmac, args=('sha256', b'x', b'y', 10**9), daemon=True)"
                       ".start()\nprint('ready', flush=True)\nsleep(600)")
-    busy = _started("print('ready', flush=True)\nwhile True: pass")
+    busy = started("print('ready', flush=True)\nwhile True: pass")
     try:
         while "nanosleep" not in Path(f"/proc/{frozen.pid}/wchan").read_text():  # until it sleeps holding the GIL
             time.sleep(0.01)
         watch = IdleWatch(quiet_seconds=10.0)
         assert sample(frozen.pid) is not None
-        assert watch.idle({0: frozen.pid, 1: busy.pid}, 100.0) == {}  # first look: nothing known yet
-        _next_tick(busy.pid)
-        assert watch.idle({0: frozen.pid, 1: busy.pid}, 105.0) == {}  # 5 s is not yet quiet enough
-        _next_tick(busy.pid)
-        assert watch.idle({0: frozen.pid, 1: busy.pid}, 110.5) == {0: 10.5}
+        assert watch.since({0: frozen.pid, 1: busy.pid}, 100.0) == {}  # first look: nothing known yet
+        next_tick(busy.pid, main_thread=True)
+        assert watch.since({0: frozen.pid, 1: busy.pid}, 105.0) == {}  # 5 s is not yet quiet enough
+        next_tick(busy.pid, main_thread=True)
+        assert watch.since({0: frozen.pid, 1: busy.pid}, 110.5) == {0: 10.5}
         # a rank left out (it said it was working again) starts over when it comes back
-        assert watch.idle({1: busy.pid}, 111.0) == {}
-        assert watch.idle({0: frozen.pid}, 112.0) == {}
+        assert watch.since({1: busy.pid}, 111.0) == {}
+        assert watch.since({0: frozen.pid}, 112.0) == {}
     finally:
         for proc in (frozen, busy):
             proc.kill()

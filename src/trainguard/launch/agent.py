@@ -128,9 +128,9 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         self._attempt_mono = self._last_alive_mono
         self._early: tuple[dict[int, int], evidence.GatheredEvidence, float, float] | None = None
         self._ended_in_teardown: set[int] = set()
+        """Global ranks of this attempt ended by the agent, frozen after their training was over (`teardown`)."""
         self._idle = teardown.IdleWatch()
         self._still = frozen_ranks.FrozenWatch()
-        """Global ranks of this attempt ended by the agent, frozen after their training was over (`teardown`)."""
         self._base_pythonpath = os.environ.get("PYTHONPATH", "")
         self.beat = nodes.BeatWriter(cfg.run_dir, cfg.node_id)
         """This agent's beat in the shared run directory: how peers know it is alive."""
@@ -377,6 +377,10 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         workers = self.worker_processes()
         return workers.procs() if workers is not None else {}
 
+    def _rank_pids(self, wg: WorkerGroup) -> dict[int, int]:
+        """Global rank -> pid of this node's worker processes."""
+        return {wg.workers[local].global_rank: proc.pid for local, proc in self._procs().items()}
+
     def on_monitor(self, worker_group: WorkerGroup) -> RunResult:
         self.signals.check()
         marker = self.corruption.found(self.attempt)
@@ -437,7 +441,7 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         if verdict is not None:
             frozen = teardown.stuck_in_teardown(verdict.ranks, beats, (w.global_rank for w in wg.workers), finished)
             if frozen:  # their exits count as finished
-                procs = {wg.workers[local].global_rank: proc.pid for local, proc in self._procs().items()}
+                procs = self._rank_pids(wg)
                 self._ended_in_teardown |= teardown.end_frozen(frozen, procs, beats, mono, self.diag_dir())
                 return result
         if verdict is not None and self._store_answers():
@@ -456,9 +460,9 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
         gets; True when some were ended."""
         local = [w.global_rank for w in wg.workers]
         done = [r for r in local if r not in finished and (b := beats.get(r)) is not None and b.phase == "done"]
-        procs = {wg.workers[i].global_rank: proc.pid for i, proc in self._procs().items()}
+        procs = self._rank_pids(wg)
         watched = teardown.stuck_in_teardown(done, beats, local, finished)
-        idle = self._idle.idle({r: procs[r] for r in watched if r in procs}, mono)
+        idle = self._idle.since({r: procs[r] for r in watched if r in procs}, mono)
         silent = self.watchdog.config.alive_stale_seconds
         frozen = [r for r in sorted(idle) if (b := beats.get(r)) is not None and mono - b.alive_mono > silent]
         if not frozen:
@@ -470,10 +474,10 @@ class GuardAgent(FailureResponse, ElasticAgentBase):
                 mono: float) -> list[int]:
         """This node's ranks that the kernel shows frozen (`trainguard.launch.frozen`); only those whose heartbeat
         missed a write are looked at."""
-        procs = {wg.workers[i].global_rank: proc.pid for i, proc in self._procs().items()}
+        procs = self._rank_pids(wg)
         silent = {r: pid for r, pid in procs.items() if r not in finished and (b := beats.get(r)) is not None
                   and b.alive_mono > 0 and mono - b.alive_mono > frozen_ranks.SILENT_SECONDS}
-        return sorted(self._still.frozen(silent, mono))
+        return sorted(self._still.since(silent, mono))
 
     def _store_answers(self) -> bool:
         """Before acting on a hang: the store answers now (else this node's own link is the likely cause, the next

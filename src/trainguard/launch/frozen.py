@@ -67,27 +67,45 @@ def sample(pid: int) -> ProcessSample | None:
     return ProcessSample(ticks, main_ticks, "".join(states)) if main_ticks >= 0 else None
 
 
-class FrozenWatch:
-    """Per rank, since when its process has been still (one instance per attempt)."""
+class QuietWatch:
+    """Per rank, since when a CPU-tick count of its process has not moved while the process qualified (one instance
+    per attempt). `FrozenWatch` and `trainguard.launch.teardown.IdleWatch` differ only in the count they read and
+    in what disqualifies a process."""
 
-    def __init__(self, confirm_seconds: float = CONFIRM_SECONDS) -> None:
-        self.confirm_seconds = confirm_seconds
-        self._marks: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, ticks, still since)
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._marks: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, ticks, quiet since)
 
-    def frozen(self, pids: Mapping[int, int], now_mono: float) -> dict[int, float]:
-        """Of ``pids`` (rank -> pid: the silent ranks to look at now), rank -> seconds still, for those still for
-        at least ``confirm_seconds``. A rank left out, seen running, or seen using CPU starts over."""
+    def ticks(self, seen: ProcessSample) -> int | None:
+        """The count that must not move; None when ``seen`` does not qualify (it starts over)."""
+        raise NotImplementedError
+
+    def since(self, pids: Mapping[int, int], now_mono: float) -> dict[int, float]:
+        """Of ``pids`` (rank -> pid, the ranks to look at now), rank -> seconds quiet, for those quiet at least
+        ``seconds``. A rank left out, not qualifying, or whose count moved starts over."""
         marks: dict[int, tuple[int, int, float]] = {}
         out: dict[int, float] = {}
         for rank, pid in pids.items():
             seen = sample(pid)
-            if seen is None or not seen.still:
+            ticks = None if seen is None else self.ticks(seen)
+            if ticks is None:
                 continue
             mark = self._marks.get(rank)
-            if mark is None or mark[:2] != (pid, seen.ticks):
-                mark = (pid, seen.ticks, now_mono)
+            if mark is None or mark[:2] != (pid, ticks):
+                mark = (pid, ticks, now_mono)
             marks[rank] = mark
-            if now_mono - mark[2] >= self.confirm_seconds:
+            if now_mono - mark[2] >= self.seconds:
                 out[rank] = now_mono - mark[2]
         self._marks = marks
         return out
+
+
+class FrozenWatch(QuietWatch):
+    """Silent ranks still for ``confirm_seconds``: no thread runnable or in an I/O wait, not exiting, and no CPU
+    used by any thread."""
+
+    def __init__(self, confirm_seconds: float = CONFIRM_SECONDS) -> None:
+        super().__init__(confirm_seconds)
+
+    def ticks(self, seen: ProcessSample) -> int | None:
+        return seen.ticks if seen.still else None

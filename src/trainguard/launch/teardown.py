@@ -29,7 +29,7 @@ from pathlib import Path
 
 from trainguard.core.protocol import Heartbeat
 from trainguard.core.safefs import write_private
-from trainguard.launch.frozen import sample
+from trainguard.launch.frozen import ProcessSample, QuietWatch
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +60,14 @@ def stuck_in_teardown(ranks: Sequence[int], beats: Mapping[int, Heartbeat | None
     return tuple(sorted(ranks))
 
 
-class IdleWatch:
-    """Per rank, since when its process's main thread has used no CPU (one instance per attempt)."""
+class IdleWatch(QuietWatch):
+    """Ranks whose process's main thread used no CPU for ``quiet_seconds``, with no thread in an I/O wait."""
 
     def __init__(self, quiet_seconds: float = QUIET_SECONDS) -> None:
-        self.quiet_seconds = quiet_seconds
-        self._marks: dict[int, tuple[int, int, float]] = {}  # rank -> (pid, ticks, first seen at these ticks)
+        super().__init__(quiet_seconds)
 
-    def idle(self, pids: Mapping[int, int], now_mono: float) -> dict[int, float]:
-        """Of ``pids`` (rank -> pid, the ranks to watch now), rank -> seconds without CPU, for those idle at least
-        ``quiet_seconds``. A rank left out of ``pids`` starts over when it comes back."""
-        marks: dict[int, tuple[int, int, float]] = {}
-        out: dict[int, float] = {}
-        for rank, pid in pids.items():
-            seen = sample(pid)
-            if seen is None or "D" in seen.states:
-                continue
-            mark = self._marks.get(rank)
-            if mark is None or mark[:2] != (pid, seen.main_ticks):
-                mark = (pid, seen.main_ticks, now_mono)
-            marks[rank] = mark
-            if now_mono - mark[2] >= self.quiet_seconds:
-                out[rank] = now_mono - mark[2]
-        self._marks = marks
-        return out
+    def ticks(self, seen: ProcessSample) -> int | None:
+        return None if "D" in seen.states else seen.main_ticks
 
 
 def _threads(pid: int) -> str:
