@@ -109,3 +109,37 @@ def test_a_shells_killed_after_the_job_it_ran_names_the_signal_and_stays_unknown
     [c] = classify_paths([_dev("host-oom-killed-kingdra-2")])
     assert c.category == "Unknown", c.explanation
     assert "killed by SIGKILL" in c.explanation
+
+
+# Batch 7 (written from its dev half after the batch was measured).
+
+
+def test_the_short_loader_message_is_a_missing_library_without_counting_twice() -> None:
+    [c] = classify_paths([_dev("cudnn-missing-make-your-video-4")])
+    assert (c.category, c.confidence) == ("Dependency", 0.75), c.explanation
+    assert "libcudnn_cnn_infer.so.8 could not be loaded" in c.explanation
+    # The long form names the missing dependency: the short rule does not add itself to it.
+    [long] = classify_paths([_dev("cudnn-load-nvrtc-facefusion-docker-8")])
+    assert long.confidence == 0.85 and "libnvrtc.so is missing" in long.explanation
+
+
+def test_cuda_error_802_is_a_driver_service_not_running() -> None:
+    [c] = classify_paths([_dev("fabric-manager-missing-error-802-pytorch-35710")])
+    assert (c.category, c.confidence) == ("Dependency", 0.8), c.explanation
+    assert "Fabric Manager" in c.explanation
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: CUDA error: system not yet initialized\nCUDA kernel errors might be asynchronously reported",
+    "cudaErrorSystemNotReady",
+])
+def test_other_wordings_of_error_802_are_recognized(line: str) -> None:
+    assert classify_text(line, "k").category == "Dependency"
+
+
+@pytest.mark.parametrize("line", [
+    "Epoch 802: loss 0.31",
+    "allocated 802 MiB; the system is not yet initialized for logging",
+])
+def test_a_number_802_or_an_unrelated_not_initialized_is_not_error_802(line: str) -> None:
+    assert classify_text(line, "k").category != "Dependency"
