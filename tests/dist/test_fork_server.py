@@ -16,11 +16,11 @@ from trainguard.launch.fork_server import ForkServer
 from trainguard.launch.warm import WarmSpares
 
 SCRIPT = '''
-import json, os, sys, time
+import gc, json, os, sys, time
 import random
 print(json.dumps({"rank": os.environ["RANK"], "argv": sys.argv[1:], "name": __name__, "pid": os.getpid(),
                   "sid": os.getsid(0), "torch_loaded_before": "torch" in sys.modules, "stdin": sys.stdin.read(),
-                  "draw": random.random()}), flush=True)
+                  "draw": random.random(), "frozen": gc.get_freeze_count()}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if os.environ.get("SLEEP"):
     time.sleep(float(os.environ["SLEEP"]))
@@ -61,6 +61,9 @@ def test_ranks_forked_from_the_server_run_the_script_and_their_exits_reach_the_a
         record = json.loads(lines[1])
         assert record["rank"] == "0" and record["argv"] == ["-u", "--lr", "3"] and record["name"] == "__main__"
         assert record["torch_loaded_before"] is True
+        # The server's objects are in the collector's permanent generation: the rank's collections (and those
+        # of its exit) do not walk, and so do not copy, the pages it shares with the server.
+        assert record["frozen"] > 10_000
         assert record["pid"] == done.pid and record["sid"] == done.pid  # its own session: torch stops it by group
         assert record["stdin"] == ""  # not the server's request pipe
         assert "to stderr" in errs[0].read_text()
@@ -113,6 +116,37 @@ def test_a_server_whose_script_import_reads_its_rank_serves_with_that_import_lef
     finally:
         pool.close()
     assert pool.forks is not None and not pool.forks.running()
+
+
+LIGHTNING_JOB = '''
+import sys
+LOADED_AHEAD = "lightning" in sys.modules
+import lightning
+from torchmetrics.utilities.prints import rank_zero_only as metrics_gate
+print(LOADED_AHEAD, lightning.pytorch.utilities.rank_zero.rank_zero_only.rank, metrics_gate.rank, flush=True)
+'''
+
+
+def test_a_framework_that_keeps_its_rank_from_import_is_loaded_ahead_and_each_fork_gets_its_own(
+        tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    script = tmp_path / "job.py"
+    script.write_text(LIGHTNING_JOB)
+    server = ForkServer(("-u", str(script)), tmp_path / "spares")
+    server.start()
+    try:
+        assert server.wait_ready(180), server.hello
+        assert server.hello is not None and server.hello["unfit"] is None, server.hello
+        base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+        outs = []
+        for rank in (1, 0):
+            out = tmp_path / f"rank-{rank}.log"
+            proc = server.spawn({**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}, str(out), str(out))
+            assert proc is not None and proc.wait(timeout=120) == 0, out.read_text()
+            outs.append(out.read_text().split())
+        assert outs == [["True", "1", "1"], ["True", "0", "0"]]
+    finally:
+        server.close(1.0)
 
 
 def test_a_process_without_the_reserved_room_writes_nothing_into_its_environ() -> None:

@@ -195,3 +195,10 @@ def test_lightning_trainer_crash_after_a_checkpoint(tmp_path: Path, optimizer: s
     _check(run_dir, _report(run_dir), steps=30, resumes=[20], lost_steps=[3])
     assert "done at global step 30" in console
     _one_prefix(console)
+    # `import lightning` reads RANK and LOCAL_RANK at import: it is loaded ahead by the fork server all the same
+    # (trainguard.worker.import_ranks; tests/dist/test_fork_server.py checks each rank's kept value), and the
+    # Trainer's rank-zero messages still come from rank 0 alone, once per attempt.
+    assert "now load after the fork" not in console
+    assert "(2 warm)" in console
+    said = re.findall(r"^\[rank(\d+)\]: GPU available", console, re.MULTILINE)
+    assert said == ["0", "0"], said

@@ -124,6 +124,47 @@ def test_a_module_reading_its_rank_at_import_makes_the_spare_unfit(tmp_path: Pat
         "2 a module read RANK while loaded ahead usermod"
 
 
+def test_lightning_loaded_ahead_keeps_the_spare_fit_and_each_rank_gets_its_own_rank_zero_gate() -> None:
+    pytest.importorskip("lightning")
+    code = ("import os; from trainguard.worker.warm import preload_watched; "
+            "from trainguard.worker import import_ranks; p = preload_watched(['lightning']); "
+            "os.environ.update(RANK='1', LOCAL_RANK='1'); done = import_ranks.refresh_loaded(os.environ); "
+            "from lightning.pytorch.utilities.rank_zero import rank_zero_only as a; "
+            "from lightning.fabric.utilities.rank_zero import rank_zero_only as b; "
+            "from torchmetrics.utilities.prints import rank_zero_only as c; "
+            "print(p.unfit, ','.join(p.culprits) or '-', a.rank, b.rank, c.rank, ','.join(done))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         check=True)
+    assert out.stdout.split() == ["None", "-", "1", "1", "1",
+                                  "lightning.fabric.utilities.rank_zero,torchmetrics.utilities.prints"]
+
+
+def _run_preload_known(tmp_path: Path, module_text: str) -> str:
+    """`preload_watched` of ``usermod`` with `import_ranks.KNOWN` naming it as a module whose ``rank_zero_only.rank``
+    can be set again after the fork."""
+    (tmp_path / "usermod.py").write_text(module_text)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from trainguard.worker import import_ranks; "
+            "from trainguard.worker.warm import preload_watched; "
+            "import_ranks.KNOWN['usermod'] = import_ranks.ImportTimeRead('usermod', import_ranks._torchmetrics_rank); "
+            "p = preload_watched(['usermod']); print(p.unfit, ','.join(p.culprits) or '-')")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    return subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120, check=True).stdout.strip()
+
+
+def test_a_known_reader_counts_only_while_its_kept_value_can_be_set_again(tmp_path: Path) -> None:
+    kept = "import os\ndef rank_zero_only(): pass\nrank_zero_only.rank = int(os.environ.get('LOCAL_RANK', 0))\n"
+    assert _run_preload_known(tmp_path, kept) == "None -"
+    # A release that renamed the attribute: the refresh fails, so the read makes the module load after the fork.
+    assert _run_preload_known(tmp_path, "import os\nRANK = int(os.environ.get('LOCAL_RANK', 0))\n") == \
+        "a module read LOCAL_RANK while loaded ahead usermod"
+    # A read by the known module's caller, not by the module itself, still counts.
+    (tmp_path / "helper.py").write_text("import os\ndef rank():\n    return os.environ.get('RANK')\n")
+    assert _run_preload_known(tmp_path, kept + "import helper\nR = helper.rank()\n") == \
+        "a module read RANK while loaded ahead usermod"
+
+
 def test_a_module_reading_other_variables_keeps_the_spare_fit(tmp_path: Path) -> None:
     assert _run_preload(tmp_path, "import os\nHOME = os.environ.get('HOME')\nP = dict(os.environ.copy())\n") == \
         "2 None -"

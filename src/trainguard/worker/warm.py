@@ -29,6 +29,7 @@ from typing import Any
 
 from trainguard.core import protocol
 from trainguard.torch_api.c10d import PREWARM_MODULES
+from trainguard.worker import import_ranks
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class _WatchedEnviron(MutableMapping[str, str]):
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
         self.read: set[str] = set()
+        self.readers: dict[str, set[str]] = {}
+        """Variable -> the modules whose code read it (`_reader`)."""
         self._listed: set[str] = set()
         """Keys handed out by a listing and not yet looked up by it."""
 
@@ -65,6 +68,7 @@ class _WatchedEnviron(MutableMapping[str, str]):
             self._listed.discard(key)
         else:
             self.read.add(key)
+            self.readers.setdefault(key, set()).add(_reader())
         return self.real[key]
 
     def __setitem__(self, key: str, value: str) -> None:
@@ -83,6 +87,19 @@ class _WatchedEnviron(MutableMapping[str, str]):
 
     def copy(self) -> dict[str, str]:
         return dict(self.real)
+
+
+_PASSING_THROUGH = frozenset({"os", "_collections_abc", "collections.abc", __name__})
+"""Modules whose frames only pass a read on (``os.getenv``, ``Mapping.get`` (its module calls itself
+``collections.abc``), this watch)."""
+
+
+def _reader() -> str:
+    """The module whose code asked for the variable being read."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _PASSING_THROUGH:
+        frame = frame.f_back  # type: ignore[assignment]
+    return str(frame.f_globals.get("__name__", "")) if frame is not None else ""
 
 
 def top_level_imports(script: Path) -> list[str]:
@@ -136,9 +153,11 @@ def preload_watched(modules: list[str]) -> Preloaded:
     os.environ = watched  # type: ignore[assignment]  # noqa: B003
     try:
         for name in modules:
-            before = set(watched.read)
+            watched.readers.clear()
             count += preload([name])
-            new = (watched.read - before) & RANK_VARIABLES
+            # Reads by a framework module that import_ranks can set again after the fork do not count.
+            new = {var for var in watched.readers.keys() & RANK_VARIABLES
+                   if not all(import_ranks.covered(reader, real) for reader in watched.readers[var])}
             if new:
                 culprits.append(name)
                 reads |= new
@@ -234,6 +253,7 @@ def run_as_rank(assignment: dict[str, Any], command: list[str], module: bool, un
     _take_over(assignment)
     if unfit is not None:
         _cold_start(command, module, unfit)
+    import_ranks.refresh_loaded(os.environ)  # what the frameworks loaded ahead kept of the spare's rank
     _install_hooks()
     sys.argv = list(command)
     if module:

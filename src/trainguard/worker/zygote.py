@@ -17,6 +17,7 @@ their agent. See docs/run.md ("Fork server") and decisions N16.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -101,6 +102,10 @@ def serve(reply_fd: int) -> dict[str, Any] | None:
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             request = json.loads(line)
+            # The server's objects (torch, the script's imports) go to the collector's permanent generation:
+            # a rank's collections, and the ones at its interpreter's exit, no longer walk them, each of which
+            # wrote into every inherited page (a forked rank took 1.3 s to exit normally, 0.3 s with this).
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 _become_child(reply_fd, pidfds, parent)
