@@ -53,6 +53,8 @@ def test_ranks_forked_from_the_server_run_the_script_and_their_exits_reach_the_a
         other = server.spawn({**base, "RANK": "1"}, str(outs[1]), str(errs[1]))
         slow = server.spawn({**base, "RANK": "2", "SLEEP": "600"}, str(outs[2]), str(errs[2]))
         assert done is not None and other is not None and slow is not None
+        # Its exit's report wakes whoever waits for one (the agent's monitor round).
+        assert server.wait_exit(120)
         # An exit code, as a cold rank's Popen would give it.
         assert done.wait(timeout=60) == 5
         assert other.wait(timeout=60) == 0

@@ -93,10 +93,13 @@ def _crash_and_restart(tmp_path: Path, script: Path, *options: str, spares_expec
 
 
 def test_an_unmodified_script_starts_and_restarts_forked_from_the_fork_server_by_default(tmp_path: Path) -> None:
-    run_dir = _crash_and_restart(tmp_path, PLAIN, spares_expected=0, servers=1)
+    # A monitor period of a minute: the crash is still seen at once, since the server's report of the exit wakes
+    # the agent's round (before, detection waited for the next round: up to the whole period).
+    run_dir = _crash_and_restart(tmp_path, PLAIN, "--monitor-interval", "60", spares_expected=0, servers=1)
     agent = events(run_dir, "agent-")
     [failure] = of_type(agent, "failure_detected")
     assert failure["kind"] == "crash" and failure["ranks"] == [1]
+    assert failure["detection_latency_seconds"] < 5, failure
     assert failure["detail"] == "rank 1 killed by SIGKILL"  # the exit status came through the server's report
     started = of_type(agent, "attempt_started")
     assert [(a["recovery"], a["warm_starts"]) for a in started] == [("", 2), ("restart", 2)]

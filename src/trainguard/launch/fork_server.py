@@ -140,6 +140,8 @@ class ForkServer:
         self._next = 0
         self._lock = threading.Lock()  # one request on the pipe at a time
         self._reader: threading.Thread | None = None
+        self._exits = threading.Event()
+        """Set when a rank's exit is reported (or the server's reports end): wakes the agent's monitor round."""
 
     def command(self, reply_fd: int) -> list[str]:
         return preloader_command("trainguard.worker.zygote", self.args, str(reply_fd))
@@ -172,6 +174,7 @@ class ForkServer:
                     continue
                 self._handle(record)
         self._ready.set()
+        self._exits.set()
         with self._replied:
             self._replied.notify_all()
 
@@ -194,9 +197,17 @@ class ForkServer:
                     self._early[pid] = status
             if child is not None:
                 child._exited(status)
+            self._exits.set()
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Block until a rank's exit is reported (True) or ``timeout`` passed (False)."""
+        if self._exits.wait(timeout):
+            self._exits.clear()  # an exit reported meanwhile is still seen: the round polls every rank
+            return True
+        return False
 
     def reading(self) -> bool:
         """Whether reports may still come (the pipe back is open)."""

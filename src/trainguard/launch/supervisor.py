@@ -137,7 +137,7 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from trainguard.launch.agent import GuardAgent
+    from trainguard.launch.agent import TORCH_ROUND_SLEEP_SECONDS, GuardAgent
     from trainguard.launch.store_link import RendezvousLostError
 
     _check_torch()
@@ -146,7 +146,7 @@ def _supervise(cfg: SupervisorConfig, signals: StopSignals, lifetime: ProcessTra
     entry, args = worker_entry(cfg)
     spec = WorkerSpec(role=cfg.role, local_world_size=cfg.nproc_per_node, entrypoint=entry, args=args,
                       rdzv_handler=handler, max_restarts=cfg.max_restarts,
-                      monitor_interval=cfg.monitor_interval_seconds)
+                      monitor_interval=min(cfg.monitor_interval_seconds, TORCH_ROUND_SLEEP_SECONDS))
     agent = GuardAgent(spec, cfg, signals=signals, lifetime=lifetime)
     status, reason, code = "failed", "", EXIT_FAILED
     store_lost = False
