@@ -143,3 +143,19 @@ def test_other_wordings_of_error_802_are_recognized(line: str) -> None:
 ])
 def test_a_number_802_or_an_unrelated_not_initialized_is_not_error_802(line: str) -> None:
     assert classify_text(line, "k").category != "Dependency"
+
+
+def test_a_storm_of_corrected_ecc_errors_is_weak_evidence_of_failing_hbm() -> None:
+    [c] = classify_paths([_dev("dcgm-fields-sbe-ecc-storm-dcgm-313")])
+    assert (c.category, c.confidence) == ("GPU HBM3 Memory", 0.45), c.explanation
+
+
+@pytest.mark.parametrize(("line", "fires"), [
+    ('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{gpu="0",UUID="GPU-1",pci_bus_id="00000000:07:00.0"} 12345678', True),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=3.2e7", True),
+    ('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{gpu="0",UUID="GPU-1"} 42', False),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=999,999", False),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL=1.5e3", False),
+])
+def test_corrected_ecc_counts_count_only_by_the_million(line: str, fires: bool) -> None:
+    assert (classify_text(line, "k").category == "GPU HBM3 Memory") is fires

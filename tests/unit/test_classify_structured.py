@@ -108,10 +108,11 @@ def test_a_real_pasted_markdown_table_of_dcgm_fields_is_read_as_fields() -> None
     assert "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL=54731746511" in lines
     assert "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS=8" in lines
     assert "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS=0" in lines
-    # Its uncorrectable counters are 0: no rule may read them as an uncorrectable error. (The thread's cause, a
-    # storm of correctable errors, has no rule: docs/classify.md, batch 4.)
+    # Its uncorrectable counters are 0: no rule may read them as an uncorrectable error. The thread's cause, a
+    # storm of correctable errors, is read from the two single-bit rows only, as weak evidence (batch 7's rules).
     c = classify_paths([REAL / "dcgm-fields-sbe-ecc-storm-dcgm-313.log"])[0]
-    assert (c.category, c.evidence) == ("Unknown", ()), c.evidence
+    assert (c.category, c.confidence) == ("GPU HBM3 Memory", 0.45)
+    assert [e.line for e in c.evidence] == [3, 4], c.evidence
 
 
 def test_a_markdown_table_with_a_nonzero_uncorrectable_field_is_hbm() -> None:
