@@ -258,3 +258,18 @@ def test_a_fork_server_still_importing_is_held_while_a_restart_starts_cold(tmp_p
         pool.close()
         server.kill()
         server.wait(timeout=30)
+
+
+def test_a_known_module_whose_value_cannot_be_set_is_said_and_skipped(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import types
+
+    from trainguard.worker import import_ranks
+
+    renamed = types.ModuleType("torchmetrics.utilities.prints")  # a release without `rank_zero_only`
+    monkeypatch.setitem(sys.modules, "torchmetrics.utilities.prints", renamed)
+    for name in ("lightning.fabric.utilities.rank_zero", "lightning_fabric.utilities.rank_zero"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert import_ranks.refresh_loaded({"LOCAL_RANK": "1"}) == []
+    assert not import_ranks.covered("torchmetrics.utilities.prints", {"LOCAL_RANK": "1"})
+    assert "torchmetrics.utilities.prints keeps the rank it saw while loaded ahead" in caplog.text

@@ -77,7 +77,12 @@ def refresh_loaded(env: Mapping[str, str]) -> list[str]:
     done = []
     for name, known in KNOWN.items():
         module = sys.modules.get(name)
-        if module is not None:
+        if module is None:
+            continue
+        try:
             known.refresh(module, env)
-            done.append(name)
+        except (AttributeError, TypeError, ValueError) as exc:  # `covered` tried it while loading: not expected
+            log.warning("%s keeps the rank it saw while loaded ahead (%s)", name, exc)
+            continue
+        done.append(name)
     return done
