@@ -30,7 +30,9 @@ Peers are optional installs (docs/peers.md); run it with the interpreter that ha
 
     /work/peers-venv/bin/python benchmarks/peers.py [--reps 3] [--only trainguard,torchft] [--faults hang]
 
-Prints one JSON object and writes it to ``--out`` (default benchmarks/results/peers.json).
+Prints one JSON object and writes it to ``--out``; by default a run of every system and fault writes
+benchmarks/results/peers.json, and a partial one (``--only``, ``--faults``) writes nothing, so that it never
+replaces the full table there.
 """
 
 from __future__ import annotations
@@ -320,6 +322,13 @@ def summarise(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
     return out
 
 
+def default_out(systems: list[str], faults: list[str]) -> str:
+    """Where a run writes its JSON without ``--out``: the project's peers table for a run of every system and
+    fault, nowhere for a partial run (it would replace the full table with a few rows)."""
+    full = set(systems) == set(SYSTEMS) and set(faults) == set(FAULTS)
+    return str(ROOT / "benchmarks" / "results" / "peers.json") if full else ""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=3)
@@ -328,7 +337,7 @@ def main() -> int:
     p.add_argument("--mid-step", type=int, default=300, help="the mid-run crash step (0.05 s steps)")
     p.add_argument("--hang-step", type=int, default=60, help="rank 1 is stopped once it logged this step")
     p.add_argument("--hang-cap", type=float, default=30.0, help="a hang run waits at most this long, seconds")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"), help="'' to not write")
+    p.add_argument("--out", help="write the JSON here too (default: see default_out; '' to not write)")
     p.add_argument("--keep", type=Path, help="keep every run's folder under this folder (to read a wrong culprit's "
                                              "evidence afterwards); default: a temporary folder, removed")
     args = p.parse_args()
@@ -359,8 +368,9 @@ def main() -> int:
            "uptime_start": started, "uptime_end": _uptime(), "wall_seconds": round(time.time() - t0, 1),
            "summary": summary, "table_markdown": table(summary, labels, args.hang_cap), "runs": rows}
     text = json.dumps(doc, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    out = args.out if args.out is not None else default_out(systems, faults)
+    if out:
+        Path(out).write_text(text + "\n")
     print(text)
     return 0
 

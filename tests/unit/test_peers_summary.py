@@ -70,3 +70,11 @@ def test_spread_counts_missing_values_and_the_table_says_never() -> None:
     text = table(summary, {"x": "system x"}, 30)
     assert "| system x | 4.00 s | not run | none within 30 s | names no rank |" in text
     assert "| y | not run | not run | 4.00 s (2.00-6.00), none within 30 s in 1 | 1 of 2 |" in text
+
+
+def test_only_a_run_of_every_system_and_fault_replaces_the_peers_table() -> None:
+    from benchmarks.peers import FAULTS, SYSTEMS, default_out
+
+    assert default_out(list(SYSTEMS), list(FAULTS)).endswith("benchmarks/results/peers.json")
+    assert default_out(["torchrun", "trainguard_heal"], list(FAULTS)) == ""
+    assert default_out(list(SYSTEMS), ["crash_early"]) == ""
