@@ -159,3 +159,29 @@ def test_a_storm_of_corrected_ecc_errors_is_weak_evidence_of_failing_hbm() -> No
 ])
 def test_corrected_ecc_counts_count_only_by_the_million(line: str, fires: bool) -> None:
     assert (classify_text(line, "k").category == "GPU HBM3 Memory") is fires
+
+
+# Batch 8 (written from its dev half after the batch was measured: dev 0/4, held-out 0/3 before).
+
+
+def test_a_connection_to_dockers_default_bridge_that_times_out_is_the_containers_network() -> None:
+    [c] = classify_paths([_dev("vllm-worker-connects-docker-bridge-ip-openrlhf-265")])
+    assert c.category == "Dependency" and c.confidence >= 0.6, c.explanation
+    assert "Docker's default bridge" in c.explanation
+
+
+@pytest.mark.parametrize(("line", "fires"), [
+    ("[E socket.cpp:922] [c10d] The client socket has timed out after 1800s while trying to connect to (172.17.0.2, "
+     "29500).", True),
+    ("NCCL WARN socketStartConnect: Connect to 172.17.0.3<45123> failed : Connection refused", True),
+    ("NCCL INFO Bootstrap : Using eth0:172.17.0.2<0>", False),
+    ("NCCL WARN socketStartConnect: Connect to 172.170.0.3<45123> failed : Connection refused", False),
+])
+def test_only_a_failed_connection_to_the_bridge_counts(line: str, fires: bool) -> None:
+    assert (classify_text(line, "k").category == "Dependency") is fires
+
+
+def test_ncclss_lost_network_device_is_its_nic_fusion_defect() -> None:
+    [c] = classify_paths([_dev("nccl-bad-release-could-not-find-net-nemo-13996")])
+    assert (c.category, c.confidence) == ("Dependency", 0.5), c.explanation
+    assert "nccl#1748" in c.explanation
