@@ -57,32 +57,37 @@ KNOWN: dict[str, ImportTimeRead] = {r.module: r for r in (
 docs/run.md ("Fork server")."""
 
 
+def _refresh(name: str, module: ModuleType, env: Mapping[str, str]) -> Exception | None:
+    """Set ``module``'s kept value from ``env``; the error if this release of it cannot be (renamed attribute)."""
+    try:
+        KNOWN[name].refresh(module, env)
+    except (AttributeError, TypeError, ValueError) as exc:
+        return exc
+    return None
+
+
 def covered(reader: str, env: Mapping[str, str]) -> bool:
     """Whether reads by ``reader`` (a module name) can be set right after the fork: it is in `KNOWN` and its
     refresh works on the loaded module (a framework release that renamed the attribute is not covered)."""
-    known = KNOWN.get(reader)
     module = sys.modules.get(reader)
-    if known is None or module is None:
+    if reader not in KNOWN or module is None:
         return False
-    try:
-        known.refresh(module, env)
-    except (AttributeError, TypeError, ValueError) as exc:
-        log.debug("import-time rank of %s cannot be set again (%s)", reader, exc)
-        return False
-    return True
+    error = _refresh(reader, module, env)
+    if error is not None:
+        log.debug("import-time rank of %s cannot be set again (%s)", reader, error)
+    return error is None
 
 
 def refresh_loaded(env: Mapping[str, str]) -> list[str]:
     """Set every loaded `KNOWN` module's kept value from ``env`` (the rank's environment); returns their names."""
     done = []
-    for name, known in KNOWN.items():
+    for name in KNOWN:
         module = sys.modules.get(name)
         if module is None:
             continue
-        try:
-            known.refresh(module, env)
-        except (AttributeError, TypeError, ValueError) as exc:  # `covered` tried it while loading: not expected
-            log.warning("%s keeps the rank it saw while loaded ahead (%s)", name, exc)
+        error = _refresh(name, module, env)
+        if error is not None:  # `covered` tried it while loading: not expected
+            log.warning("%s keeps the rank it saw while loaded ahead (%s)", name, error)
             continue
         done.append(name)
     return done

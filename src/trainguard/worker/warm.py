@@ -57,7 +57,6 @@ class _WatchedEnviron(MutableMapping[str, str]):
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
-        self.read: set[str] = set()
         self.readers: dict[str, set[str]] = {}
         """Variable -> the modules whose code read it (`_reader`)."""
         self._listed: set[str] = set()
@@ -67,7 +66,6 @@ class _WatchedEnviron(MutableMapping[str, str]):
         if key in self._listed:
             self._listed.discard(key)
         else:
-            self.read.add(key)
             self.readers.setdefault(key, set()).add(_reader())
         return self.real[key]
 
@@ -155,9 +153,10 @@ def preload_watched(modules: list[str]) -> Preloaded:
         for name in modules:
             watched.readers.clear()
             count += preload([name])
+            rank_reads = {var: who for var, who in watched.readers.items() if var in RANK_VARIABLES}
             # Reads by a framework module that import_ranks can set again after the fork do not count.
-            new = {var for var in watched.readers.keys() & RANK_VARIABLES
-                   if not all(import_ranks.covered(reader, real) for reader in watched.readers[var])}
+            covered = {reader for who in rank_reads.values() for reader in who if import_ranks.covered(reader, real)}
+            new = {var for var, who in rank_reads.items() if not who <= covered}
             if new:
                 culprits.append(name)
                 reads |= new
