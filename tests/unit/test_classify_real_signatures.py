@@ -185,3 +185,29 @@ def test_ncclss_lost_network_device_is_its_nic_fusion_defect() -> None:
     [c] = classify_paths([_dev("nccl-bad-release-could-not-find-net-nemo-13996")])
     assert (c.category, c.confidence) == ("Dependency", 0.5), c.explanation
     assert "nccl#1748" in c.explanation
+
+
+# From the batch-8 dev case whose whole text is NCCL's return-code trace (written after batch 8 was measured).
+
+
+def test_nccls_bootstrap_failing_at_start_up_is_the_hosts_network_settings() -> None:
+    [c] = classify_paths([_dev("docker-bridge-network-nccl-bootstrap-accelerate-2107")])
+    assert (c.category, c.confidence) == ("Dependency", 0.5), c.explanation
+    assert "bootstrap" in c.explanation and "NCCL_SOCKET_IFNAME" in c.explanation
+
+
+@pytest.mark.parametrize(("line", "fires"), [
+    ("node-01:339255:339681 [3] NCCL INFO bootstrap.cc:270 -> 2", True),
+    ("host7:12:40 [0] NCCL WARN bootstrap/bootstrap.cc:88 -> 3", True),
+    ("node-01:339255:339681 [3] NCCL INFO init.cc:1303 -> 2", False),
+    ("node-01:339255:339681 [3] NCCL INFO bootstrap.cc:270 -> 0", False),
+    ("node-01:339255:339681 [3] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>", False),
+])
+def test_only_an_error_returned_through_the_bootstrap_counts(line: str, fires: bool) -> None:
+    assert (classify_text(line, "k").category == "Dependency") is fires
+
+
+def test_a_gpu_lost_before_the_bootstrap_fails_keeps_its_own_cause() -> None:
+    text = ("Dec  1 10:00:00 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=python, GPU has fallen off "
+            "the bus.\nnode-01:339255:339681 [3] NCCL INFO bootstrap.cc:270 -> 2\n")
+    assert classify_text(text, "k").category == "Faulty GPU"
