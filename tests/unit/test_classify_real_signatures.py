@@ -211,3 +211,23 @@ def test_a_gpu_lost_before_the_bootstrap_fails_keeps_its_own_cause() -> None:
     text = ("Dec  1 10:00:00 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=python, GPU has fallen off "
             "the bus.\nnode-01:339255:339681 [3] NCCL INFO bootstrap.cc:270 -> 2\n")
     assert classify_text(text, "k").category == "Faulty GPU"
+
+
+@pytest.mark.parametrize(("case_id", "returned"), [
+    ("nccl-ifname-differs-nccl-tests-219", "internal error - please report this issue to the NCCL developers"),
+    ("nccl1-unhandled-cuda-error-nccl-tests-5", "unhandled cuda error"),
+])
+def test_nccl_tests_failing_in_an_nccl_call_is_weak_evidence_of_the_set_up(case_id: str, returned: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert (c.category, c.confidence) == ("Dependency", 0.45), c.explanation
+    assert f"NCCL returned '{returned}'" in c.explanation
+
+
+@pytest.mark.parametrize(("text", "category"), [
+    ("NCCL failure in the all-reduce test, see above", "Unknown"),
+    ("Dec  1 10:00:00 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=all_reduce_perf, GPU has fallen "
+     "off the bus.\nTest NCCL failure common.cu:959 'unhandled cuda error / '\n", "Faulty GPU"),
+])
+def test_without_its_location_or_beside_an_xid_an_nccl_tests_failure_is_not_the_set_up(text: str,
+                                                                                       category: str) -> None:
+    assert classify_text(text, "k").category == category
