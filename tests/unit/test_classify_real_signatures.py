@@ -231,3 +231,18 @@ def test_nccl_tests_failing_in_an_nccl_call_is_weak_evidence_of_the_set_up(case_
 def test_without_its_location_or_beside_an_xid_an_nccl_tests_failure_is_not_the_set_up(text: str,
                                                                                        category: str) -> None:
     assert classify_text(text, "k").category == category
+
+
+# Batch 9 (measured first: dev 0/3, held-out 3/6; its dev misses hold no cause in their text).
+
+
+def test_deepspeeds_launcher_reporting_a_rank_killed_names_the_signal_and_stays_unknown() -> None:
+    [c] = classify_paths([_dev("oom-killer-deepspeed-anomalygpt-43")])
+    assert (c.category, c.confidence) == ("Unknown", 0.2), c.explanation
+    assert c.explanation.startswith("the process killed by SIGKILL from outside the job; no cause in its logs")
+
+
+def test_a_deepspeed_rank_that_exits_with_an_error_code_is_not_a_kill() -> None:
+    line = ("[2023-11-13 16:59:55,650] [ERROR] [launch.py:320:sigkill_handler] ['python', 'train.py'] "
+            "exits with return code = 1")
+    assert "SIGKILL" not in classify_text(line, "k").explanation

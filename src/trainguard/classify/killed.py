@@ -13,7 +13,7 @@ KILLED_RULE = "process-killed"
 
 # torchelastic prints the negated signal number as the exit code; shells print 128 + the signal number
 _SIGNALS = {"9": "SIGKILL", "15": "SIGTERM", "137": "SIGKILL", "143": "SIGTERM", "2": "SIGINT", "6": "SIGABRT"}
-_SIGNAL = re.compile(r"\b(SIG(?:KILL|TERM|INT|HUP|ABRT))\b|exit ?code:? ?(-9|-15|137|143)\b"
+_SIGNAL = re.compile(r"\b(SIG(?:KILL|TERM|INT|HUP|ABRT))\b|(?:exit ?code:? ?|return code = )(-9|-15|137|143)\b"
                      r"|\b(Killed|Terminated)(?:\s*$|\s)|已杀死|已终止", re.IGNORECASE)
 _RANK = re.compile(r"\b(local_rank|global_rank|rank)\s*[:=#]?\s*(\d+)|\[[Rr]ank (\d+)\]")
 
