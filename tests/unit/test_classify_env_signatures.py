@@ -98,6 +98,49 @@ def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
     assert c.category == "Faulty GPU"
 
 
+@pytest.mark.parametrize("work", [
+    "[INFO|trainer.py:3158] 2024-05-01 10:00:00,001 >> ***** Running Prediction *****",
+    "Running tokenizer on dataset:  45%|████▌     | 4500/10000 [00:03<00:04, 1200.00 examples/s]",
+    "Map (num_proc=8):  12%|█▏        | 1200/10000 [00:41<05:01, 29.20 examples/s]",
+    "Tokenizing train dataset:  80%|████████  | 8000/10000 [01:10<00:17, 114.29 examples/s]",
+    "Predicting DataLoader 0:  33%|███▎      | 10/30 [00:02<00:04,  4.50it/s]",
+    " > compiling dataset index builder ...",
+    " saving checkpoint at iteration     500 to /ckpt",
+    "Running loglikelihood requests:  27%|██▋       | 2700/10000 [12:03<32:36,  3.73it/s]",
+])
+def test_the_frameworks_own_rank_local_phases_before_a_timeout_are_the_program(work: str) -> None:
+    c = classify_text("\n".join([work, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    assert c.category == "Software Bug", (work, c.explanation)
+
+
+def test_a_busy_rank_and_the_ranks_that_waited_for_it_are_named() -> None:
+    lines = ["[rank0]:Running tokenizer on dataset:  60%|██████    | 6000/10000 [29:58<19:58,  3.34 examples/s]",
+             TIMEOUT.format(r=1, seq=1, op="BROADCAST"), TIMEOUT.format(r=3, seq=1, op="BROADCAST"),
+             TIMEOUT.format(r=2, seq=1, op="BROADCAST")]
+    c = classify_text("\n".join(lines), "k")
+    assert c.category == "Software Bug", c.explanation
+    assert "rank 0: '[rank0]:Running tokenizer on dataset" in c.explanation
+    assert "then ranks 1, 2, 3 timed out waiting" in c.explanation
+
+
+def test_a_phase_thousands_of_lines_before_the_timeout_is_over_and_not_its_cause() -> None:
+    steps = [f"2024-05-01 step {i} loss 2.{i % 10}" for i in range(2500)]
+    text = "\n".join(["Running tokenizer on dataset: 100%|██████████| 10000/10000", *steps,
+                      TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
+    assert classify_text(text, "k").category == "NCCL Watchdog Timeouts"
+    near = "\n".join(["Running tokenizer on dataset: 100%|██████████| 10000/10000", *steps[:100],
+                      TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
+    assert classify_text(near, "k").category == "Software Bug"
+
+
+@pytest.mark.parametrize("line", [
+    "Mapping: 45%", "Heatmap: 45% done", "Tokenizing is slow on this machine", "Sitemap:  50% crawled",
+])
+def test_words_like_the_phases_are_not_rank_local_work(line: str) -> None:
+    c = classify_text("\n".join([line, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    assert c.category == "NCCL Watchdog Timeouts", (line, c.explanation)
+
+
 def test_ranks_timing_out_in_different_collectives_are_a_desync() -> None:
     desync = [TIMEOUT.format(r=0, seq=808, op="ALLREDUCE"), TIMEOUT.format(r=1, seq=809, op="ALLREDUCE")]
     assert classify_text("\n".join(desync), "k").category == "Software Bug"

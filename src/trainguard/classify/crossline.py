@@ -84,6 +84,9 @@ class CrossLine:
     """``jump``/``divergence``: id of the rule whose lines are the series."""
     min_devices: int = 4
     within_s: float = 2.0
+    within_lines: int = 0
+    """``busy``: the work line must lie at most this many lines before the first timeout of its file (0: no
+    limit). A full job log has the training's own lines between a phase long over and a later timeout."""
     min_rise: float = 40.0
     calm: float = 10.0
     min_replicas: int = 3
@@ -130,6 +133,7 @@ def parse_crossline(where: str, d: Mapping[str, Any], explains: Callable[[str, A
         confidence=_num(where, d, "confidence", 0.7, 0.0), explain=str(d.get("explain", "")),
         categories=tuple(d.get("categories", [])), prefer=tuple(d.get("prefer", [])), readings=readings,
         min_devices=int(_num(where, d, "min_devices", 4, 2)), within_s=_num(where, d, "within_s", 2.0, 0.0),
+        within_lines=int(_num(where, d, "within_lines", 0, 0)),
         min_rise=_num(where, d, "min_rise", 40.0, 0.0), calm=_num(where, d, "calm", 10.0, 0.0),
         min_replicas=int(_num(where, d, "min_replicas", 3, 3)), explains=explains(where, d.get("explains")),
         symptoms=symptoms, context=context,

@@ -115,6 +115,15 @@ def _divergence(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
     return out
 
 
+# whose line it is: torch's "[rank3]:" / "[Rank 3]", torchrun's "[default3]:", srun --label's "3: "
+_LINE_RANK = re.compile(r"\[(?:[Rr]ank|RANK) ?(\d+)\]|\[default(\d+)\]:|^\s*(\d{1,5}): ")
+
+
+def _line_rank(text: str) -> str | None:
+    m = _LINE_RANK.search(text)
+    return next((g for g in m.groups() if g is not None), None) if m is not None else None
+
+
 def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
     waits = sorted((h for h in kept if h.category in c.categories), key=lambda h: h.order)
     if not waits:
@@ -127,7 +136,14 @@ def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
     if busy.time is not None and first.time is not None and busy.time[0] == first.time[0] \
             and first.time[1] - busy.time[1] > c.within_s:
         return []
-    return [_synthetic(c, busy, busy.order, f"{busy.text.strip()[:120]!r}, then {len(waits)} timeout line(s)")]
+    if c.within_lines and first.line - busy.line > c.within_lines:
+        return []
+    rank = _line_rank(busy.text)
+    waited = sorted({r for h in waits if (r := _line_rank(h.text)) is not None and r != rank}, key=int)
+    who = f"rank {rank}: " if rank is not None else ""
+    then = (f"then rank{'s' if len(waited) > 1 else ''} {', '.join(waited[:8])}{' ...' if len(waited) > 8 else ''}"
+            f" timed out waiting" if waited else f"then {len(waits)} timeout line(s)")
+    return [_synthetic(c, busy, busy.order, f"{who}{busy.text.strip()[:120]!r}, {then}")]
 
 
 def _desync(c: CrossLine, rule: Rule, rows: list[Hit]) -> list[Hit]:
