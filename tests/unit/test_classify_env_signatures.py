@@ -81,6 +81,30 @@ def test_cloud_termination_is_host_maintenance_and_explains_the_timeouts(line: s
     assert c.category == "Host Maintenance", c.explanation
 
 
+@pytest.mark.parametrize("line", [
+    "I 12-05 10:21:07 recovery_strategy.py:101] Cluster train-2ea4 was preempted. Recovering the job...",
+    "state: PREEMPTED",
+    "       JobId=4242 JobName=pretrain JobState=PREEMPTED Reason=None Dependency=(null)",
+    "StateReason: Server.SpotInstanceTermination: Spot instance termination",
+    "  Warning  Preempted  12s  default-scheduler  Preempted by research/high-prio-0 on node gpu-node-3",
+    "    Reason: PreemptionByScheduler",
+    "The Spot instance i-0abc123 was reclaimed by EC2 (capacity).",
+])
+def test_other_wordings_of_a_preemption_are_host_maintenance(line: str) -> None:
+    c = classify_text("\n".join([line, TIMEOUT.format(r=3, seq=12, op="ALLREDUCE")]), "k")
+    assert c.category == "Host Maintenance", (line, c.explanation)
+
+
+@pytest.mark.parametrize("line", [
+    "This pod will not be preempted: priorityClass system-node-critical",
+    "Pods of this class cannot be preempted",
+    "Memory was reclaimed by the kernel's shrinker",
+    "Note: the scheduler preempted nothing",
+])
+def test_a_preemption_that_did_not_happen_or_memory_reclaimed_is_not_one(line: str) -> None:
+    assert classify_text(line, "k").category != "Host Maintenance", line
+
+
 def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
     for work in ("Running evaluation on 4 GPUs",
                  "`Trainer.fit` stopped: `max_epochs=10` reached.",
