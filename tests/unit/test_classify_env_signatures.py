@@ -188,3 +188,46 @@ def test_a_crash_inside_nccl_is_the_release_and_weaker_than_hardware() -> None:
     assert c.category == "Dependency" and "NCCL" in c.explanation
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
     assert classify_text("\n".join([xid, *frames]), "k").category == "Faulty GPU"
+
+
+@pytest.mark.parametrize(("line", "named"), [
+    ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a "
+     "driver from http://www.nvidia.com/Download/index.aspx", "no usable NVIDIA driver"),
+    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "no usable NVIDIA driver"),
+    ("nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown", "no usable NVIDIA driver"),
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
+     "driver is installed and running.", "no usable NVIDIA driver"),
+    ("NVRM: API mismatch: the client has the version 535.129.03, but this kernel module has the version 535.104.05.  "
+     "Please make sure that this kernel module and all NVIDIA driver components have the same version.",
+     "driver libraries 535.129.03, kernel module 535.104.05"),
+    ("OSError: [Errno 24] Too many open files", "ulimit -n"),
+    ("RuntimeError: unable to open shared memory object </torch_1234_567> in read-write mode: Too many open files (24)",
+     "ulimit -n"),
+    ("node1:1:2 [0] misc/ibvwrap.cc:190 NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory",
+     "ulimit -l"),
+    ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. The "
+     "server socket has failed to bind to [::]:29500 (errno: 98 - Address already in use).", "MASTER_PORT"),
+    ("[E ProcessGroupGloo.cpp:138] Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
+     "pair.cc:144] no error", "GLOO_SOCKET_IFNAME"),
+])
+def test_the_hosts_driver_limits_and_ports_are_the_environment(line: str, named: str) -> None:
+    c = classify_text(line, "k")
+    assert c.category == "Dependency", (line, c.explanation)
+    assert named in c.explanation
+
+
+def test_nccls_own_out_of_memory_is_the_programs_gpu_memory() -> None:
+    line = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, "
+            "NCCL version 2.20.5\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+            "Cuda failure 'out of memory'")
+    c = classify_text(line, "k")
+    assert (c.category, c.confidence) == ("Software Bug", 0.7), c.explanation
+
+
+@pytest.mark.parametrize("line", [
+    "Failed to allocate memory for the page cache: Cannot allocate memory",
+    "INFO: GPU 0 has no CUDA-capable device attached? checking...",
+    "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+])
+def test_lines_near_the_environment_signatures_are_not_them(line: str) -> None:
+    assert classify_text(line, "k").category != "Dependency", line
