@@ -231,3 +231,18 @@ def test_nccls_own_out_of_memory_is_the_programs_gpu_memory() -> None:
 ])
 def test_lines_near_the_environment_signatures_are_not_them(line: str) -> None:
     assert classify_text(line, "k").category != "Dependency", line
+
+
+@pytest.mark.parametrize(("line", "gpu"), [
+    ("Dec  1 10:00:00 node1 kernel: NVRM: GPU at PCI:0000:3b:00: GPU-1b2c3d4e-0000-1111-2222-333344445555 has fallen "
+     "off the bus.", "0000:3b:00"),
+    ("Dec  1 10:00:00 node1 kernel: NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "0000:3b:00"),
+    ("Dec  1 10:00:00 node1 kernel: NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0xffff:1462)", "0000:3b:00"),
+])
+def test_the_drivers_own_words_for_a_lost_gpu_name_it_without_an_xid(line: str, gpu: str) -> None:
+    c = classify_text(line, "k")
+    assert (c.category, c.gpu) == ("Faulty GPU", gpu), c.explanation
+
+
+def test_fallen_off_the_bus_about_something_else_is_not_a_gpu() -> None:
+    assert classify_text("the cable has fallen off the bus bar in rack 3", "k").category == "Unknown"
