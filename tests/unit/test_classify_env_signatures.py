@@ -246,3 +246,31 @@ def test_the_drivers_own_words_for_a_lost_gpu_name_it_without_an_xid(line: str, 
 
 def test_fallen_off_the_bus_about_something_else_is_not_a_gpu() -> None:
     assert classify_text("the cable has fallen off the bus bar in rack 3", "k").category == "Unknown"
+
+
+def test_two_ranks_on_one_gpu_is_the_script_naming_both() -> None:
+    line = "node1:1:2 [1] init.cc:1234 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 3b000"
+    c = classify_text(line, "k")
+    assert (c.category, c.confidence) == ("Software Bug", 0.85), c.explanation
+    assert "ranks 1 and 0 on CUDA device 3b000" in c.explanation and "set_device" in c.explanation
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: [enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data.pkl: file "
+    "write failed",
+    "RuntimeError: [enforce fail at inline_container.cc:595] . unexpected pos 1920 vs 1808",
+])
+def test_the_checkpoint_writer_failing_in_the_os_is_the_file_system(line: str) -> None:
+    c = classify_text(line, "k")
+    assert (c.category, c.confidence) == ("Dependency", 0.7), c.explanation
+    # ENOSPC says which: the full disk is the stronger answer
+    c = classify_text(line + "\nOSError: [Errno 28] No space left on device", "k")
+    assert c.category == "Dependency" and c.confidence >= 0.85, c.explanation
+    assert c.explanation.startswith("a file system the job writes to is full"), c.explanation
+
+
+def test_torchelastic_reporting_a_segfaulted_rank_is_a_crash_on_a_signal() -> None:
+    line = ("torch.distributed.elastic.multiprocessing.api:[ERROR] failed (exitcode: -11) local_rank: 0 (pid: 1234) of "
+            "binary: /usr/bin/python")
+    c = classify_text(line, "k")
+    assert (c.category, c.confidence) == ("Software Bug", 0.45), c.explanation

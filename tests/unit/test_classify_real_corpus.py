@@ -18,7 +18,7 @@ from classify_real import CORPUS, evaluate, load_manifest
 
 DEV_FLOOR = 62
 """Dev cases the built-in rules must get right."""
-HELDOUT_FLOOR = 36
+HELDOUT_FLOOR = 37
 """Held-out cases right when last measured (benchmarks/results/classify_real.json); recorded, not fitted."""
 
 
