@@ -246,3 +246,36 @@ def test_a_deepspeed_rank_that_exits_with_an_error_code_is_not_a_kill() -> None:
     line = ("[2023-11-13 16:59:55,650] [ERROR] [launch.py:320:sigkill_handler] ['python', 'train.py'] "
             "exits with return code = 1")
     assert "SIGKILL" not in classify_text(line, "k").explanation
+
+
+# Batch 10 (measured first: dev 5/12, held-out 4/8), rules from its dev half.
+
+
+def test_nccl_without_kernels_for_the_card_is_the_build() -> None:
+    [c] = classify_paths([_dev("nccl-no-sm35-k40m-nccl-444")])
+    assert c.category == "Dependency" and c.confidence >= 0.75, c.explanation
+    assert "built without its compute capability" in c.explanation
+
+
+def test_a_bus_error_inside_nccl_in_a_container_is_its_shared_memory() -> None:
+    [c] = classify_paths([_dev("docker-shm-bus-error-pipedream-76")])
+    assert c.category == "Dependency" and c.confidence >= 0.6, c.explanation
+    assert "/dev/shm too small" in c.explanation
+
+
+def test_cuda_samples_wording_of_error_802_is_the_missing_fabric_manager() -> None:
+    [c] = classify_paths([_dev("fabricmanager-system-not-initialized-gpu-operator-1043")])
+    assert (c.category, c.confidence) == ("Dependency", 0.8), c.explanation
+    assert "Fabric Manager" in c.explanation
+
+
+@pytest.mark.parametrize(("line", "category"), [
+    ("RuntimeError: CUDA error: invalid device function", "Dependency"),
+    ("ValueError: invalid device function name 'foo' in config", "Software Bug"),
+    ("[node1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)", "Dependency"),
+    ("[node1:3039 :0:3095] Caught signal 11 (Segmentation fault: address not mapped to object)", "Software Bug"),
+    ("Failed to allocate device vector A (error code system not yet initialized)!", "Dependency"),
+    ("the cache is not yet initialized (error code 3)", "Unknown"),
+])
+def test_the_batch_10_signatures_fire_only_on_their_own_words(line: str, category: str) -> None:
+    assert classify_text(line, "k").category == category, line
