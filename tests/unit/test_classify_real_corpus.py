@@ -16,9 +16,9 @@ from trainguard.core.taxonomy import TABLE5_GROUPS
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from classify_real import CORPUS, evaluate, load_manifest
 
-DEV_FLOOR = 70
+DEV_FLOOR = 75
 """Dev cases the built-in rules must get right."""
-HELDOUT_FLOOR = 41
+HELDOUT_FLOOR = 43
 """Held-out cases right when last measured (benchmarks/results/classify_real.json); recorded, not fitted."""
 
 
@@ -36,7 +36,7 @@ def test_manifest_entries_are_complete() -> None:
         assert c["kind"] in {"hardware", "network", "environment", "software", "maintenance"}, c["id"]
         even = hashlib.sha256(c["id"].encode()).digest()[0] % 2 == 0
         assert c["split"] == ("dev" if even else "heldout"), c["id"]
-        assert c["batch"] in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10), c["id"]
+        assert c["batch"] in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), c["id"]
 
 
 def test_every_log_file_is_in_the_manifest() -> None:
