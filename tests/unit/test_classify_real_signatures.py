@@ -279,3 +279,43 @@ def test_cuda_samples_wording_of_error_802_is_the_missing_fabric_manager() -> No
 ])
 def test_the_batch_10_signatures_fire_only_on_their_own_words(line: str, category: str) -> None:
     assert classify_text(line, "k").category == category, line
+
+
+# Batches 11 and 12 (measured first: dev 2/9 and 3/7, held-out 2/6 and 0/7), rules from their dev halves.
+
+
+@pytest.mark.parametrize(("case_id", "category", "said"), [
+    ("nvidia-peermem-gdr-disabled-nccl-1676", "Dependency", "without GPUDirect RDMA"),
+    ("efa-security-group-outbound-aws-ofi-nccl-663", "Dependency", "security group"),
+    ("gloo-loopback-fallback-hostnetwork-aws-do-eks-50", "Dependency", "loopback"),
+    ("torch-save-eio-disk-space-mmf-870", "Dependency", "no disk error is in the log"),
+    ("torch-save-memoryerror-host-ram-dreambooth-stable-diffusion-45", "Software Bug", "out of host memory"),
+    ("netapp-cecc-dimm-degraded-rma-itil-storage-21", "System Memory", "degraded DIMM"),
+    ("hplog-psu-failed-replaced-operations-242", "Power Supply", "power supply"),
+    ("nccl-graph-file-azure-ncv4-nccl-1240", "Dependency", "NCCL_GRAPH_FILE"),
+    ("rtx5090-nccl-2251-maxsharedmem-nccl-1637", "Dependency",
+     "needs 82240 bytes of shared memory, the GPU offers 79856"),
+])
+def test_the_batch_11_and_12_dev_cases(case_id: str, category: str, said: str) -> None:
+    [c] = classify_paths([_dev(case_id)])
+    assert c.category == category, c.explanation
+    assert said in c.explanation
+
+
+def test_a_memory_error_explains_the_checkpoint_writer_failing_after_it() -> None:
+    text = ("MemoryError\nRuntimeError: [enforce fail at inline_container.cc:300] . unexpected pos 6057217600 vs "
+            "6057217496")
+    c = classify_text(text, "k")
+    assert c.category == "Software Bug" and "host memory" in c.explanation, c.explanation
+
+
+@pytest.mark.parametrize(("line", "category"), [
+    ("node1:1:2 [0] NCCL INFO NET/IB : GPU Direct RDMA Enabled for HCA 0 'mlx5_0'", "Unknown"),
+    ("OutOfMemoryError: CUDA out of memory", "Software Bug"),
+    ("the MemoryErrorHandler was registered", "Unknown"),
+    ("DIMM-2 status: OK, not degraded", "Unknown"),
+    ("2  Standard     Pwr. Supply Bay Normal     No", "Unknown"),
+    ("node1:1:2 [0] NCCL INFO XML Import Channel : dev 1 found", "Unknown"),
+])
+def test_the_batch_11_and_12_signatures_fire_only_on_their_own_words(line: str, category: str) -> None:
+    assert classify_text(line, "k").category == category, line
