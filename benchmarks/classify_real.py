@@ -4,7 +4,9 @@ Each case of the corpus's manifest names the category its thread established, it
 ``heldout``, fixed by a hash of the id before any rule was written for it) and its collection batch (1: before
 the issue-32 rules were written, 2: after). Prints one JSON object: accuracy on each half, per batch and in
 all, the confusion table (expected -> answered -> count), the confidence bands (answers at >= 0.9, 0.7-0.9,
-0.5-0.7, < 0.5: how many, how many right) and every case's answer.
+0.5-0.7, < 0.5: how many, how many right), the ceiling (how many cases of each half are reachable from their text
+at all, by ``audit.toml``: a reader's verdict, per missed case, on whether its excerpt shows the labelled cause)
+and every case's answer.
 Usage: ``python benchmarks/classify_real.py [--out FILE]``.
 """
 
@@ -61,8 +63,38 @@ def evaluate(corpus: Path = CORPUS) -> dict[str, Any]:
         part = [r for r in results if low <= r["confidence"] < high]
         bands[name] = {"answers": len(part), "right": sum(r["right"] for r in part)}
     doc["confidence_bands"] = bands
+    doc["ceiling"] = ceiling(results, load_audit(corpus))
     doc["results"] = results
     return doc
+
+
+UNREACHABLE = ("not-in-text", "contradicts")
+"""Audit verdicts of a case whose labelled cause cannot be read from its excerpt alone."""
+
+
+def load_audit(corpus: Path = CORPUS) -> dict[str, str]:
+    """The audit's verdict per case id (``audit.toml``), empty when there is none."""
+    path = corpus / "audit.toml"
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        return {a["id"]: a["verdict"] for a in tomllib.load(f)["audit"]}
+
+
+def ceiling(results: list[dict[str, Any]], audit: dict[str, str]) -> dict[str, Any]:
+    """Per split, the most a reading of the text alone could get right: every case but the misses whose cause the
+    audit found absent from (or contradicted by) the excerpt; misses nobody audited count as reachable."""
+    out: dict[str, Any] = {}
+    for split in ("dev", "heldout"):
+        part = [r for r in results if r["split"] == split]
+        misses = [r for r in part if not r["right"]]
+        unreachable = [r["id"] for r in misses if audit.get(r["id"]) in UNREACHABLE]
+        reach = len(part) - len(unreachable)
+        out[split] = {"reachable": reach, "total": len(part),
+                      "accuracy": round(reach / len(part), 3) if part else None,
+                      "misses_unaudited": sum(r["id"] not in audit for r in misses),
+                      "misses_not_in_text": sorted(unreachable)}
+    return out
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from trainguard.core.taxonomy import TABLE5_GROUPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from classify_real import CORPUS, evaluate, load_manifest
+from classify_real import CORPUS, ceiling, evaluate, load_manifest
 
 DEV_FLOOR = 84
 """Dev cases the built-in rules must get right."""
@@ -55,3 +56,17 @@ def test_dev_accuracy(figures: dict[str, dict[str, int]]) -> None:
 
 def test_heldout_floor(figures: dict[str, dict[str, int]]) -> None:
     assert figures["heldout"]["right"] >= HELDOUT_FLOOR, figures["heldout"]
+
+
+def test_the_audit_names_cases_of_the_corpus_with_a_known_verdict() -> None:
+    with (CORPUS / "audit.toml").open("rb") as f:
+        entries = tomllib.load(f)["audit"]
+    ids = [a["id"] for a in entries]
+    assert len(ids) == len(set(ids))
+    assert set(ids) <= {c["id"] for c in load_manifest()}
+    assert {a["verdict"] for a in entries} <= {"in-text", "not-in-text", "contradicts"}
+    # the ceiling counts only misses the audit found unreachable: a right answer is reachable whatever its verdict
+    results = [{"id": "a", "split": "heldout", "right": False}, {"id": "b", "split": "heldout", "right": True},
+               {"id": "c", "split": "heldout", "right": False}]
+    got = ceiling(results, {"a": "not-in-text", "b": "not-in-text"})["heldout"]
+    assert (got["reachable"], got["misses_unaudited"], got["misses_not_in_text"]) == (2, 1, ["a"])
