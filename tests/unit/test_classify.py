@@ -107,6 +107,8 @@ def test_user_rules_extend_and_override(tmp_path: Path) -> None:
         ("[[rule]]\nid = 'a'\ncategory = 'CPU'\nconfidence = 0.5\nkeywords = ['a']\npattern = 'a(?=b)'\n",
          "rule 'a'.*RE2"),
         ("rule = 3\n", "rule must be written as"),
+        ('[[rule]]\nid = "a"\ncategory = "CPU"\nconfidence = 0.5\npattern = "x"\nkeep_last = "yes"\n',
+         "keep_last must be true or false"),
     ],
 )
 def test_bad_rules_files_are_input_errors(tmp_path: Path, body: str, message: str) -> None:

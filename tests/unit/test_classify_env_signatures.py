@@ -274,3 +274,15 @@ def test_torchelastic_reporting_a_segfaulted_rank_is_a_crash_on_a_signal() -> No
             "binary: /usr/bin/python")
     c = classify_text(line, "k")
     assert (c.category, c.confidence) == ("Software Bug", 0.45), c.explanation
+
+
+def test_the_work_nearest_the_timeout_counts_however_many_came_before() -> None:
+    # a long run saves a checkpoint many times; only the save right before the timeout is the busy rank's work
+    steps = [f"2024-05-01 step {i} loss 2.{i % 10}" for i in range(2100)]
+    saves = []
+    for n in range(20):
+        saves += [f"Saving model checkpoint to /ckpt/checkpoint-{n}", *steps]
+    text = "\n".join([*saves, "Saving model checkpoint to /ckpt/checkpoint-final",
+                      TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
+    c = classify_text(text, "k")
+    assert c.category == "Software Bug" and "checkpoint-final" in c.explanation, c.explanation

@@ -106,6 +106,9 @@ class Rule:
     keep: int = 5
     """Matching lines kept as hits (more are only counted); a `crossline` analysis that reads a series (sensor
     readings, per-replica checksums) needs more."""
+    keep_last: bool = False
+    """Keep the last ``keep`` matching lines rather than the first: an analysis that wants the work nearest before
+    a later failure (a long run saves a checkpoint hundreds of times before the one that matters)."""
     detail: str = ""
     """A ``str.format`` template over the pattern's named groups, appended to ``explain`` (after ": ") when every
     group it names matched: the versions of a mismatch, the architecture missing from a build."""
@@ -295,6 +298,7 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         explains=_explains(where, d.get("explains")),
         supersedes=tuple(supersedes),
         keep=_keep(where, d.get("keep", 5)),
+        keep_last=_flag(where, d, "keep_last"),
         detail=_detail(where, d.get("detail", ""), pattern.pattern),
     )
 
@@ -307,6 +311,13 @@ def _detail(where: str, value: Any, pattern: str) -> str:
     named = set(re.findall(r"\(\?P<(\w+)>", pattern))
     if fields - named:
         raise _fail(where, f"detail names group(s) the pattern lacks: {', '.join(sorted(fields - named))}")
+    return value
+
+
+def _flag(where: str, d: dict[str, Any], key: str) -> bool:
+    value = d.get(key, False)
+    if not isinstance(value, bool):
+        raise _fail(where, f"{key} must be true or false, got {value!r}")
     return value
 
 

@@ -127,10 +127,14 @@ class Accumulator:
     """The link pass: NCCL transport errors, NVLink XIDs and SXids folded into failing pairs."""
     _order: int = 0
 
-    def add(self, hit: Hit, cap: int = HITS_PER_RULE) -> None:
+    def add(self, hit: Hit, cap: int = HITS_PER_RULE, last: bool = False) -> None:
+        """Keeps ``hit`` among its rule's first ``cap`` hits (or, with ``last``, its last ``cap``); counts it."""
         self.counts[hit.rule] = self.counts.get(hit.rule, 0) + 1
         kept = self.hits.setdefault(hit.rule, [])
         if len(kept) < cap:
+            kept.append(hit)
+        elif last:
+            del kept[0]
             kept.append(hit)
 
     def next_order(self) -> int:
@@ -266,7 +270,8 @@ class Scanner:
             rid = x.rule if r is None else r.id
             if rid in superseded:
                 continue
-            if len(acc.hits.get(rid, ())) >= (XID_HITS_PER_CODE if r is None else r.keep):
+            if (r is None or not r.keep_last) and len(acc.hits.get(rid, ())) >= (XID_HITS_PER_CODE if r is None
+                                                                                 else r.keep):
                 acc.counts[rid] = acc.counts.get(rid, 0) + 1  # counted; no need to build a hit nobody keeps
             else:
                 keep.append((r, x))
@@ -308,7 +313,7 @@ class Scanner:
             if r.detail:
                 explain = _with_detail(explain, r.detail, groups)
             acc.add(Hit(r.id, r.category, r.confidence, r.tier, explain, file, lineno, shown, acc.next_order(),
-                        gpu=gpu, host=groups.get("host") or host, device=device, time=when), r.keep)
+                        gpu=gpu, host=groups.get("host") or host, device=device, time=when), r.keep, r.keep_last)
 
     def _xid_hit(self, m: TextMatch, text: str, shown: str, file: str, lineno: int, acc: Accumulator) -> Hit:
         code = int(m.group("code"))
