@@ -286,3 +286,16 @@ def test_the_work_nearest_the_timeout_counts_however_many_came_before() -> None:
                       TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
     c = classify_text(text, "k")
     assert c.category == "Software Bug" and "checkpoint-final" in c.explanation, c.explanation
+
+
+@pytest.mark.parametrize(("bar", "busy"), [
+    ("Processing files:  45%|████▌     | 4500/10000 [29:03<32:00,  2.3it/s]", True),
+    ("[rank0]:Indexing corpus:  60%|██████    | 6/10 [31:00<20:40, 310.0s/it]", True),
+    ("Epoch 0:  45%|████▌     | 450/1000 [03:00<03:40, 2.5it/s, loss=0.3]", False),
+    ("Training:  45%|████▌     | 450/1000 [03:00<03:40, 2.5it/s]", False),
+    (" 45%|████▌     | 450/1000 [03:00<03:40, 2.5it/s]", False),
+    ("Loading checkpoint shards: 100%|██████████| 38/38 [00:33<00:00,  1.15it/s]", False),
+])
+def test_a_labelled_progress_bar_of_other_work_before_a_timeout_is_a_busy_rank(bar: str, busy: bool) -> None:
+    c = classify_text("\n".join([bar, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    assert (c.category == "Software Bug") is busy, (bar, c.explanation)

@@ -19,7 +19,7 @@ from classify_real import CORPUS, ceiling, evaluate, load_manifest
 
 DEV_FLOOR = 84
 """Dev cases the built-in rules must get right."""
-HELDOUT_FLOOR = 44
+HELDOUT_FLOOR = 45
 """Held-out cases right when last measured (benchmarks/results/classify_real.json); recorded, not fitted."""
 
 
