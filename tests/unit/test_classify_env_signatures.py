@@ -4,9 +4,11 @@ Lines written in the formats the real threads of tests/unit/corpus/real show."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from trainguard.classify import classify_text, load_rules
+from trainguard.classify import classify_paths, classify_text, load_rules
 from trainguard.classify.engine import _component
 from trainguard.errors import InputError
 
@@ -100,6 +102,10 @@ def test_other_wordings_of_a_preemption_are_host_maintenance(line: str) -> None:
     "Pods of this class cannot be preempted",
     "Memory was reclaimed by the kernel's shrinker",
     "Note: the scheduler preempted nothing",
+    "Our launcher restarts from the last checkpoint if the node is preempted",
+    "In case the node is preempted, the job resumes from the last checkpoint",
+    "Resuming: the previous attempt was preempted",
+    "Node 0, zone Normal: 1234 pages were reclaimed",
 ])
 def test_a_preemption_that_did_not_happen_or_memory_reclaimed_is_not_one(line: str) -> None:
     assert classify_text(line, "k").category != "Host Maintenance", line
@@ -144,17 +150,24 @@ def test_a_busy_rank_and_the_ranks_that_waited_for_it_are_named() -> None:
     c = classify_text("\n".join(lines), "k")
     assert c.category == "Software Bug", c.explanation
     assert "rank 0: '[rank0]:Running tokenizer on dataset" in c.explanation
-    assert "then ranks 1, 2, 3 timed out waiting" in c.explanation
+    assert "then the first timeouts came from ranks 1, 2, 3" in c.explanation
+    # torchrun's "[default0]:" is the local rank: said as such, and never taken for a global one
+    local = classify_text("\n".join(["[default0]:Running tokenizer on dataset:  60%|██████ | 6000/10000",
+                                     TIMEOUT.format(r=0, seq=1, op="BROADCAST")]), "k")
+    assert "local rank 0: " in local.explanation and "from rank 0" in local.explanation, local.explanation
 
 
 def test_a_phase_thousands_of_lines_before_the_timeout_is_over_and_not_its_cause() -> None:
     steps = [f"2024-05-01 step {i} loss 2.{i % 10}" for i in range(2500)]
-    text = "\n".join(["Running tokenizer on dataset: 100%|██████████| 10000/10000", *steps,
+    text = "\n".join(["Running tokenizer on dataset:  97%|█████████▋| 9700/10000", *steps,
                       TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
     assert classify_text(text, "k").category == "NCCL Watchdog Timeouts"
-    near = "\n".join(["Running tokenizer on dataset: 100%|██████████| 10000/10000", *steps[:100],
+    near = "\n".join(["Running tokenizer on dataset:  97%|█████████▋| 9700/10000", *steps[:100],
                       TIMEOUT.format(r=1, seq=9000, op="ALLREDUCE")])
     assert classify_text(near, "k").category == "Software Bug"
+    # a phase whose bar reached 100% ended: not the one the others waited for
+    done = near.replace(" 97%|█████████▋| 9700/10000", "100%|██████████| 10000/10000")
+    assert classify_text(done, "k").category == "NCCL Watchdog Timeouts"
 
 
 @pytest.mark.parametrize("line", [
@@ -228,8 +241,10 @@ def test_nccls_own_out_of_memory_is_the_programs_gpu_memory() -> None:
     "Failed to allocate memory for the page cache: Cannot allocate memory",
     "INFO: GPU 0 has no CUDA-capable device attached? checking...",
     "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+    "E1204 tensorboard: error: could not bind to port 6006: Address already in use",
 ])
 def test_lines_near_the_environment_signatures_are_not_them(line: str) -> None:
+    # (and below: another program's port is not the job's)
     assert classify_text(line, "k").category != "Dependency", line
 
 
@@ -276,6 +291,21 @@ def test_torchelastic_reporting_a_segfaulted_rank_is_a_crash_on_a_signal() -> No
     assert (c.category, c.confidence) == ("Software Bug", 0.45), c.explanation
 
 
+def test_work_after_the_first_timeout_cannot_push_out_the_work_before_it(tmp_path: Path) -> None:
+    # the busy rank goes on printing after the others gave up, or the job restarts and saves again
+    bars = [f"[rank0]:Running tokenizer on dataset:  {p}%|██ | {p}/100" for p in range(10, 20)]
+    more = [f"[rank0]:Running tokenizer on dataset:  {p}%|███ | {p}/100" for p in range(20, 60)]
+    timeouts = [TIMEOUT.format(r=r, seq=1, op="BROADCAST") for r in (1, 2, 3)]
+    c = classify_text("\n".join([*bars, *timeouts, *more]), "k")
+    assert c.category == "Software Bug" and "19%" in c.explanation, c.explanation
+    # two files of one source: the second file's own saves do not push out the first file's
+    (tmp_path / "a-rank0.log").write_text("Saving model checkpoint to /c/last\n" + TIMEOUT.format(r=1, seq=3,
+                                                                                              op="ALLREDUCE") + "\n")
+    (tmp_path / "b-rank1.log").write_text("".join(f"Saving model checkpoint to /c/{i}\n" for i in range(40)))
+    [d] = classify_paths([tmp_path])
+    assert d.category == "Software Bug" and "/c/last" in d.explanation, d.explanation
+
+
 def test_the_work_nearest_the_timeout_counts_however_many_came_before() -> None:
     # a long run saves a checkpoint many times; only the save right before the timeout is the busy rank's work
     steps = [f"2024-05-01 step {i} loss 2.{i % 10}" for i in range(2100)]
@@ -295,6 +325,12 @@ def test_the_work_nearest_the_timeout_counts_however_many_came_before() -> None:
     ("Training:  45%|████▌     | 450/1000 [03:00<03:40, 2.5it/s]", False),
     (" 45%|████▌     | 450/1000 [03:00<03:40, 2.5it/s]", False),
     ("Loading checkpoint shards: 100%|██████████| 38/38 [00:33<00:00,  1.15it/s]", False),
+    # tqdm redirected to a file: its updates joined by carriage returns; where the bar stands is the last one
+    ("Loading checkpoint shards:   0%|          | 0/38\rLoading checkpoint shards: 100%|██████████| 38/38", False),
+    ("Indexing corpus:   0%|          | 0/38\rIndexing corpus:  45%|████▌     | 17/38", True),
+    ("Progress:  45%|████▌     | 450/1000", False),
+    ("Rollout:  45%|████▌     | 450/1000", False),
+    ("GPU util:  45%|████▌     | 450/1000", False),
 ])
 def test_a_labelled_progress_bar_of_other_work_before_a_timeout_is_a_busy_rank(bar: str, busy: bool) -> None:
     c = classify_text("\n".join([bar, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")

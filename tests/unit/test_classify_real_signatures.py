@@ -311,7 +311,7 @@ def test_a_memory_error_explains_the_checkpoint_writer_failing_after_it() -> Non
 
 @pytest.mark.parametrize(("line", "category"), [
     ("node1:1:2 [0] NCCL INFO NET/IB : GPU Direct RDMA Enabled for HCA 0 'mlx5_0'", "Unknown"),
-    ("OutOfMemoryError: CUDA out of memory", "Software Bug"),
+
     ("the MemoryErrorHandler was registered", "Unknown"),
     ("DIMM-2 status: OK, not degraded", "Unknown"),
     ("2  Standard     Pwr. Supply Bay Normal     No", "Unknown"),
@@ -319,3 +319,8 @@ def test_a_memory_error_explains_the_checkpoint_writer_failing_after_it() -> Non
 ])
 def test_the_batch_11_and_12_signatures_fire_only_on_their_own_words(line: str, category: str) -> None:
     assert classify_text(line, "k").category == category, line
+
+
+def test_cudas_out_of_memory_error_is_gpu_memory_not_host_memory() -> None:
+    c = classify_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "k")
+    assert c.category == "Software Bug" and [e.rule for e in c.evidence] == ["cuda-oom"], c.evidence

@@ -115,13 +115,17 @@ def _divergence(c: CrossLine, rule: Rule, series: list[Hit]) -> list[Hit]:
     return out
 
 
-# whose line it is: torch's "[rank3]:" / "[Rank 3]", torchrun's "[default3]:", srun --label's "3: "
-_LINE_RANK = re.compile(r"\[(?:[Rr]ank|RANK) ?(\d+)\]|\[default(\d+)\]:|^\s*(\d{1,5}): ")
+# whose line it is: torch's "[rank3]:" / "[Rank 3]" and srun --label's "3: " give the global rank, torchrun's
+# "[default3]:" the local one
+_LINE_RANK = re.compile(r"\[(?:[Rr]ank|RANK) ?(\d+)\]|^\s*(\d{1,5}): |\[default(\d+)\]:")
 
 
-def _line_rank(text: str) -> str | None:
+def _line_rank(text: str) -> tuple[str, str] | None:
+    """(``rank`` or ``local rank``, its number) of the process that printed ``text``, when the line says."""
     m = _LINE_RANK.search(text)
-    return next((g for g in m.groups() if g is not None), None) if m is not None else None
+    if m is None:
+        return None
+    return ("local rank", m.group(3)) if m.group(3) else ("rank", m.group(1) or m.group(2))
 
 
 def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
@@ -138,12 +142,14 @@ def _busy(c: CrossLine, work: list[Hit], kept: list[Hit]) -> list[Hit]:
         return []
     if c.within_lines and first.line - busy.line > c.within_lines:
         return []
-    rank = _line_rank(busy.text)
-    waited = sorted({r for h in waits if (r := _line_rank(h.text)) is not None and r != rank}, key=int)
-    who = f"rank {rank}: " if rank is not None else ""
-    then = (f"then rank{'s' if len(waited) > 1 else ''} {', '.join(waited[:8])}{' ...' if len(waited) > 8 else ''}"
-            f" timed out waiting" if waited else f"then {len(waits)} timeout line(s)")
-    return [_synthetic(c, busy, busy.order, f"{who}{busy.text.strip()[:120]!r}, {then}")]
+    who = _line_rank(busy.text)
+    waited = sorted({r[1] for h in waits if (r := _line_rank(h.text)) is not None and r != who}, key=int)
+    shown = busy.text.rsplit("\r", 1)[-1].strip()[:120]  # a progress bar's last update
+    text = (f"{who[0]} {who[1]}: " if who else "") + repr(shown)
+    # the timeouts kept are the first few of the log: they name the first ranks to give up, not all of them
+    text += (f", then the first timeouts came from rank{'s' if len(waited) > 1 else ''} {', '.join(waited[:8])}"
+             if waited else f", then {len(waits)} timeout line(s)")
+    return [_synthetic(c, busy, busy.order, text)]
 
 
 def _desync(c: CrossLine, rule: Rule, rows: list[Hit]) -> list[Hit]:

@@ -107,8 +107,12 @@ class Rule:
     """Matching lines kept as hits (more are only counted); a `crossline` analysis that reads a series (sensor
     readings, per-replica checksums) needs more."""
     keep_last: bool = False
-    """Keep the last ``keep`` matching lines rather than the first: an analysis that wants the work nearest before
-    a later failure (a long run saves a checkpoint hundreds of times before the one that matters)."""
+    """Keep the last ``keep`` matching lines of each file rather than the first of the source: an analysis that
+    wants the work nearest before a later failure (a long run saves a checkpoint hundreds of times before the one
+    that matters)."""
+    keep_before: tuple[str, ...] = ()
+    """With ``keep_last``: a file's kept lines stop changing at its first line of one of these categories, so the
+    lines after a failure cannot push out those before it."""
     detail: str = ""
     """A ``str.format`` template over the pattern's named groups, appended to ``explain`` (after ": ") when every
     group it names matched: the versions of a mismatch, the architecture missing from a build."""
@@ -299,6 +303,7 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         supersedes=tuple(supersedes),
         keep=_keep(where, d.get("keep", 5)),
         keep_last=_flag(where, d, "keep_last"),
+        keep_before=tuple(_category(where, c) for c in _strings(where, d, "keep_before")),
         detail=_detail(where, d.get("detail", ""), pattern.pattern),
     )
 
@@ -311,6 +316,13 @@ def _detail(where: str, value: Any, pattern: str) -> str:
     named = set(re.findall(r"\(\?P<(\w+)>", pattern))
     if fields - named:
         raise _fail(where, f"detail names group(s) the pattern lacks: {', '.join(sorted(fields - named))}")
+    return value
+
+
+def _strings(where: str, d: dict[str, Any], key: str) -> list[str]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(where, f"{key} must be a list of strings, got {value!r}")
     return value
 
 

@@ -125,17 +125,23 @@ class Accumulator:
     skipped: list[str] = field(default_factory=list)
     links: LinkCollector = field(default_factory=LinkCollector)
     """The link pass: NCCL transport errors, NVLink XIDs and SXids folded into failing pairs."""
+    frozen: set[tuple[str, str]] = field(default_factory=set)
+    """(rule id, file) of ``keep_last`` rules whose kept lines in that file no longer change (``keep_before``)."""
     _order: int = 0
 
     def add(self, hit: Hit, cap: int = HITS_PER_RULE, last: bool = False) -> None:
-        """Keeps ``hit`` among its rule's first ``cap`` hits (or, with ``last``, its last ``cap``); counts it."""
+        """Keeps ``hit`` among its rule's first ``cap`` hits (or, with ``last``, the last ``cap`` of its file);
+        counts it."""
         self.counts[hit.rule] = self.counts.get(hit.rule, 0) + 1
         kept = self.hits.setdefault(hit.rule, [])
-        if len(kept) < cap:
-            kept.append(hit)
-        elif last:
-            del kept[0]
-            kept.append(hit)
+        if not last:
+            if len(kept) < cap:
+                kept.append(hit)
+            return
+        same = [i for i, h in enumerate(kept) if h.file == hit.file]
+        if len(same) >= cap:
+            del kept[same[0]]
+        kept.append(hit)
 
     def next_order(self) -> int:
         self._order += 1
@@ -165,6 +171,11 @@ class Scanner:
     def __init__(self, rules: RuleSet, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.rules = rules
         self.max_line_bytes = max_line_bytes
+        # category -> the keep_last rules whose kept lines in a file stop changing at its first line of it
+        self._freezes: dict[str, list[str]] = {}
+        for r in rules.rules:
+            for cat in r.keep_before if r.keep_last else ():
+                self._freezes.setdefault(cat, []).append(r.id)
         words = {*rules.source_host_keywords, *rules.section_keywords, *rules.bridge_keywords, *LINK_KEYWORDS}
         patterns: list[bytes] = []
         xid_filter = b"Xid"
@@ -219,7 +230,7 @@ class Scanner:
             acc.links.feed(text, file, lineno)
         shown = text.strip()[:500]
         found = self._rules_matching(selected, chosen, text, shown, file, lineno, acc)
-        keep = self._worth_keeping(found, acc) if found else []
+        keep = self._worth_keeping(found, file, acc) if found else []
         if keep:
             self._record(keep, found, text, shown, file, lineno, acc)
 
@@ -262,7 +273,8 @@ class Scanner:
         return found
 
     @staticmethod
-    def _worth_keeping(found: list[tuple[Rule | None, Any]], acc: Accumulator) -> list[tuple[Rule | None, Any]]:
+    def _worth_keeping(found: list[tuple[Rule | None, Any]], file: str,
+                       acc: Accumulator) -> list[tuple[Rule | None, Any]]:
         """The matches no other match supersedes, and whose rule has room for another hit (else only counted)."""
         superseded = {x for r, _ in found if r is not None for x in r.supersedes}
         keep: list[tuple[Rule | None, Any]] = []
@@ -270,8 +282,11 @@ class Scanner:
             rid = x.rule if r is None else r.id
             if rid in superseded:
                 continue
-            if (r is None or not r.keep_last) and len(acc.hits.get(rid, ())) >= (XID_HITS_PER_CODE if r is None
-                                                                                 else r.keep):
+            if r is not None and r.keep_last:
+                full = (rid, file) in acc.frozen
+            else:
+                full = len(acc.hits.get(rid, ())) >= (XID_HITS_PER_CODE if r is None else r.keep)
+            if full:
                 acc.counts[rid] = acc.counts.get(rid, 0) + 1  # counted; no need to build a hit nobody keeps
             else:
                 keep.append((r, x))
@@ -300,6 +315,8 @@ class Scanner:
         when = line_time(text, file)
         section = acc.section_gpu.get(file)
         for r, x in keep:
+            for rid in self._freezes.get(x.category if r is None else r.category, ()):
+                acc.frozen.add((rid, file))
             if r is None:
                 h: Hit = x
                 acc.add(replace(h, order=acc.next_order(), host=h.host or host, device=h.device or line_device,
