@@ -5,7 +5,7 @@ Measures, in one run on the same file, the wall seconds and peak RSS of ``traing
 ``trigger_words``, one alternation), run with ``LC_ALL=C`` (grep's fastest, byte-wise mode, like the RE2
 pre-filter): the cost of finding the same candidate lines in C and nothing else. ``ratio_to_grep`` is their
 quotient. ``grep -c -F`` of the one XID literal is printed too, as the floor of merely reading the file.
-Usage: ``python benchmarks/classify.py [--size-mb 1024] [--dir /tmp] [--candidates-per-mille N]``.
+Usage: ``python benchmarks/classify.py [--size-mb 1024] [--dir /tmp] [--candidates-per-mille N] [--candidate bar]``.
 """
 
 from __future__ import annotations
@@ -38,17 +38,20 @@ LINK_END = b"".join(
     b"hca mlx5_3\n" % (peer, peer, peer) for peer in (16, 18, 25)) + (
     b"node-17:3341:3560 [3] transport/net_ib.cc:112 NCCL WARN NET/IB : mlx5_3:1 Got async event : port error\n")
 NOISE = b"2026-11-30 09:00:%02d,%03d data WARNING worker %d: shard fetch failed with error, retrying (attempt 1)\n"
+# a progress bar printed one update per line (what some loggers do with tqdm): a candidate of the busy-rank reading
+BAR = b"Running tokenizer on dataset:  %02d%%|%s| %d/10000 [00:%02d<01:00, 1200.00 examples/s]\n"
 
 
-def make_log(path: Path, size_bytes: int, candidates_per_mille: int = 0) -> int:
+def make_log(path: Path, size_bytes: int, candidates_per_mille: int = 0, candidate: str = "warning") -> int:
     """A realistic training log: NCCL's address lines, step lines, NCCL INFO noise, a few warnings; a failing
     HCA's NET/IB errors and the XID at the end (so the link pass has work). With ``candidates_per_mille``,
-    that many lines in a thousand are warnings that trigger the pre-filter."""
+    that many lines in a thousand trigger the pre-filter: warnings, or (``candidate="bar"``) progress-bar lines."""
     lines = []
     every = 1000 // candidates_per_mille if candidates_per_mille else 0
     for i in range(20000):
         if every and i % every == every - 1:
-            lines.append(NOISE % (i % 60, i % 1000, i % 16))
+            lines.append(NOISE % (i % 60, i % 1000, i % 16) if candidate == "warning"
+                         else BAR % (i % 100, b"#" * (i % 10) + b" " * (10 - i % 10), i % 10000, i % 60))
         elif i % 500 == 0:
             lines.append(NCCL % (i % 32))
         elif i % 2000 == 1:
@@ -110,11 +113,13 @@ def main() -> None:
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--candidates-per-mille", type=int, default=0, choices=range(0, 1001), metavar="N",
                     help="lines in a thousand that the pre-filter passes to Python (default 0: the headline file)")
+    ap.add_argument("--candidate", choices=("warning", "bar"), default="warning",
+                    help="what those lines are: a warning that names no cause, or a progress-bar update")
     args = ap.parse_args()
     path = Path(args.dir) / f"trainguard-bench-{os.getpid()}.log"
     c_env = {**os.environ, "LC_ALL": "C"}
     try:
-        size = make_log(path, args.size_mb << 20, args.candidates_per_mille)
+        size = make_log(path, args.size_mb << 20, args.candidates_per_mille, args.candidate)
         pattern = grep_pattern()
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # same page cache for all below
         lit_s, _, lit = timed(["grep", "-c", "-F", "NVRM: Xid", str(path)], c_env)
@@ -125,6 +130,7 @@ def main() -> None:
             "benchmark": "classify",
             "file_bytes": size,
             "candidates_per_mille": args.candidates_per_mille,
+            "candidate": args.candidate,
             "lines": doc.get("lines"),
             "category": doc.get("category"),
             "evidence_line": doc["evidence"][0]["line"] if doc.get("evidence") else None,
