@@ -29,11 +29,14 @@ def crash_culprits(exit_codes: Mapping[int, int]) -> tuple[list[int], str]:
 
     Ranks killed by a signal are the cause; ranks exiting with an error may only be its echo. Among
     signalled ranks, SIGABRT is itself usually an echo: gloo and NCCL processes abort (std::terminate)
-    when a peer's connection resets, so a rank that died of another signal is preferred.
+    when a peer's connection resets, so a rank that died of another signal is preferred. So is SIGTERM:
+    it is what the agent (or torch's) sends the survivors once a rank has failed, and on a busy host a
+    survivor stopped that way can end before its exit code is read.
     """
     failed = sorted(exit_codes)
     signalled = [r for r in failed if exit_codes[r] < 0]
-    primary = [r for r in signalled if exit_codes[r] != -signal.SIGABRT]
+    echoes = (-signal.SIGABRT, -signal.SIGTERM)
+    primary = [r for r in signalled if exit_codes[r] not in echoes]
     return (primary or signalled or failed), ("crash" if signalled else "exit")
 
 
