@@ -155,10 +155,9 @@ def _explain(hits: list[Hit], acc: Accumulator, rules: RuleSet) -> tuple[list[Hi
         window = rules.explain_window_s if ex.within_s is None else ex.within_s
         effects = [h for h in current.values()
                    if h.order != cause.order and h.explained_by is None and h.category in ex.categories
-                   # a line of the cause's own category only where the rule names it (an NFS outage, then the
-                   # job's EIO: both Dependency, one the other's consequence)
-                   and (h.category != cause.category or h.rule in ex.rules)
-                   and (not ex.rules or h.rule in ex.rules)
+                   # a rule that names its consequences' rules may explain its own category (an NFS outage, then
+                   # the job's EIO: both Dependency); one that does not, only other categories
+                   and (h.rule in ex.rules if ex.rules else h.category != cause.category)
                    and _before(cause, h, window) and _related(ex, cause, h, acc, endpoints)]
         components = {_component(h.device or h.gpu) or f"{h.file}:{h.line}" for h in effects}
         if not effects or len(components) < ex.min_devices:

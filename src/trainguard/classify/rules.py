@@ -281,9 +281,6 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
     pattern = _regex(where, d.get("pattern"), ignore_case, user=user)
     if not keywords:
         _check_embeddable(where, pattern.pattern)
-    yields_to = d.get("yields_to", [])
-    if not isinstance(yields_to, list):
-        raise _fail(where, "yields_to must be a list of categories")
     supersedes = d.get("supersedes", [])
     if not isinstance(supersedes, list) or not all(isinstance(x, str) and x for x in supersedes):
         raise _fail(where, "supersedes must be a list of rule ids")
@@ -297,13 +294,13 @@ def _parse_rule(where: str, d: dict[str, Any], user: bool) -> Rule:
         unless=_regex(where, unless, ignore_case, user=user) if unless is not None else None,
         ignore_case=ignore_case,
         explain=str(d.get("explain", "")),
-        yields_to=tuple(_category(where, c) for c in yields_to),
+        yields_to=_categories(where, d, "yields_to"),
         builtin=not user,
         explains=_explains(where, d.get("explains")),
         supersedes=tuple(supersedes),
         keep=_keep(where, d.get("keep", 5)),
         keep_last=_flag(where, d, "keep_last"),
-        keep_before=tuple(_category(where, c) for c in _strings(where, d, "keep_before")),
+        keep_before=_categories(where, d, "keep_before"),
         detail=_detail(where, d.get("detail", ""), pattern.pattern),
     )
 
@@ -319,11 +316,12 @@ def _detail(where: str, value: Any, pattern: str) -> str:
     return value
 
 
-def _strings(where: str, d: dict[str, Any], key: str) -> list[str]:
+def _categories(where: str, d: dict[str, Any], key: str) -> tuple[str, ...]:
+    """A rule's list of categories under ``key`` (``yields_to``, ``keep_before``), each checked."""
     value = d.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(where, f"{key} must be a list of strings, got {value!r}")
-    return value
+    if not isinstance(value, list):
+        raise _fail(where, f"{key} must be a list of categories")
+    return tuple(_category(where, c) for c in value)
 
 
 def _flag(where: str, d: dict[str, Any], key: str) -> bool:
