@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.classify import classify_paths, classify_text, load_rules
+from trainguard.classify import Classification, classify_paths, classify_text, load_rules
 from trainguard.classify.engine import _component
 from trainguard.errors import InputError
 
 TIMEOUT = ("[rank{r}]:[E1130 07:41:02.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
            "timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=8, NumelOut=8, Timeout(ms)=600000) ran for 600061 "
            "milliseconds before timing out.")
+
+
+def _then_timeout(*lines: str, r: int = 1, seq: int = 3) -> Classification:
+    """``lines``, then rank ``r``'s watchdog timeout: what the rank-local-work and cause-before-timeout cases read."""
+    return classify_text("\n".join([*lines, TIMEOUT.format(r=r, seq=seq, op="ALLREDUCE")]), "k")
 
 
 @pytest.mark.parametrize(("text", "named"), [
@@ -79,7 +84,7 @@ def test_an_elided_pci_address_still_gives_the_xid() -> None:
     "slurmstepd: error: *** JOB 4242 ON node-01 CANCELLED AT 2026-06-18T13:05:36 DUE TO PREEMPTION ***",
 ])
 def test_cloud_termination_is_host_maintenance_and_explains_the_timeouts(line: str) -> None:
-    c = classify_text("\n".join([line, TIMEOUT.format(r=3, seq=12, op="ALLREDUCE")]), "k")
+    c = _then_timeout(line, r=3, seq=12)
     assert c.category == "Host Maintenance", c.explanation
 
 
@@ -93,7 +98,7 @@ def test_cloud_termination_is_host_maintenance_and_explains_the_timeouts(line: s
     "The Spot instance i-0abc123 was reclaimed by EC2 (capacity).",
 ])
 def test_other_wordings_of_a_preemption_are_host_maintenance(line: str) -> None:
-    c = classify_text("\n".join([line, TIMEOUT.format(r=3, seq=12, op="ALLREDUCE")]), "k")
+    c = _then_timeout(line, r=3, seq=12)
     assert c.category == "Host Maintenance", (line, c.explanation)
 
 
@@ -115,7 +120,7 @@ def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
     for work in ("Running evaluation on 4 GPUs",
                  "`Trainer.fit` stopped: `max_epochs=10` reached.",
                  "2026-11-30 09:00:01 INFO Saving checkpoint to /ckpt/step_400"):
-        c = classify_text("\n".join([work, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+        c = _then_timeout(work)
         assert c.category == "Software Bug", (work, c.explanation)
     # no work line, or the work long done before the timeout: the cause is not in this log
     assert classify_text(TIMEOUT.format(r=1, seq=3, op="ALLREDUCE"), "k").category == "NCCL Watchdog Timeouts"
@@ -124,7 +129,7 @@ def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
     assert classify_text(far, "k").category == "NCCL Watchdog Timeouts"
     # a hardware cause still wins over the busy rank
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
-    c = classify_text("\n".join(["Saving checkpoint", xid, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    c = _then_timeout("Saving checkpoint", xid)
     assert c.category == "Faulty GPU"
 
 
@@ -139,7 +144,7 @@ def test_a_timeout_right_after_a_ranks_own_work_is_the_program() -> None:
     "Running loglikelihood requests:  27%|██▋       | 2700/10000 [12:03<32:36,  3.73it/s]",
 ])
 def test_the_frameworks_own_rank_local_phases_before_a_timeout_are_the_program(work: str) -> None:
-    c = classify_text("\n".join([work, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    c = _then_timeout(work)
     assert c.category == "Software Bug", (work, c.explanation)
 
 
@@ -174,7 +179,7 @@ def test_a_phase_thousands_of_lines_before_the_timeout_is_over_and_not_its_cause
     "Mapping: 45%", "Heatmap: 45% done", "Tokenizing is slow on this machine", "Sitemap:  50% crawled",
 ])
 def test_words_like_the_phases_are_not_rank_local_work(line: str) -> None:
-    c = classify_text("\n".join([line, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    c = _then_timeout(line)
     assert c.category == "NCCL Watchdog Timeouts", (line, c.explanation)
 
 
@@ -333,5 +338,5 @@ def test_the_work_nearest_the_timeout_counts_however_many_came_before() -> None:
     ("GPU util:  45%|████▌     | 450/1000", False),
 ])
 def test_a_labelled_progress_bar_of_other_work_before_a_timeout_is_a_busy_rank(bar: str, busy: bool) -> None:
-    c = classify_text("\n".join([bar, TIMEOUT.format(r=1, seq=3, op="ALLREDUCE")]), "k")
+    c = _then_timeout(bar)
     assert (c.category == "Software Bug") is busy, (bar, c.explanation)
